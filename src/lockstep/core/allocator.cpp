@@ -1,0 +1,112 @@
+#include "lockstep/core/allocator.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep {
+namespace {
+
+// A training step allocates the same sizes every step; caching freed blocks by exact
+// (rounded) size turns most allocations into a map lookup and avoids the page faults of
+// fresh mmap'd memory. Small blocks round to 64 bytes, large ones to 4 KiB.
+size_t round_size(size_t bytes) {
+  const size_t unit = bytes < (1u << 16) ? 64 : 4096;
+  return (bytes + unit - 1) / unit * unit;
+}
+
+struct CpuPool {
+  std::mutex mutex;
+  MemoryStats stats;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
+
+  void* allocate(size_t bytes) {
+    const size_t size = round_size(bytes);
+    std::lock_guard<std::mutex> lock(mutex);
+    void* ptr = nullptr;
+    auto it = free_blocks.find(size);
+    if (it != free_blocks.end() && !it->second.empty()) {
+      ptr = it->second.back();
+      it->second.pop_back();
+    } else {
+      ptr = std::aligned_alloc(64, size);
+      LOCKSTEP_CHECK(ptr != nullptr) << "out of host memory allocating " << size << " bytes (" << stats.reserved_bytes
+                                     << " bytes reserved already)";
+      stats.reserved_bytes += static_cast<int64_t>(size);
+    }
+    stats.allocated_bytes += static_cast<int64_t>(size);
+    stats.allocations += 1;
+    if (stats.allocated_bytes > stats.peak_allocated_bytes) stats.peak_allocated_bytes = stats.allocated_bytes;
+    return ptr;
+  }
+
+  void release(void* ptr, size_t bytes) {
+    const size_t size = round_size(bytes);
+    std::lock_guard<std::mutex> lock(mutex);
+    stats.allocated_bytes -= static_cast<int64_t>(size);
+    free_blocks[size].push_back(ptr);
+  }
+
+  void empty() {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& [size, blocks] : free_blocks) {
+      for (void* p : blocks) std::free(p);
+      stats.reserved_bytes -= static_cast<int64_t>(size * blocks.size());
+    }
+    free_blocks.clear();
+  }
+};
+
+// One pool per logical CPU device. Pools live for the whole process (tensors may be freed
+// during static destruction), so they are never destroyed.
+CpuPool& cpu_pool(int index) {
+  static std::mutex mutex;
+  static auto* pools = new std::map<int, CpuPool*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& pool = (*pools)[index];
+  if (pool == nullptr) pool = new CpuPool();
+  return *pool;
+}
+
+void require_cpu(Device device) {
+  LOCKSTEP_CHECK(device.is_cpu()) << "device " << device
+                                  << " is not available: this build of Lockstep has no CUDA backend";
+}
+
+}  // namespace
+
+void* device_alloc(Device device, size_t bytes) {
+  require_cpu(device);
+  if (bytes == 0) return nullptr;
+  return cpu_pool(device.index()).allocate(bytes);
+}
+
+void device_free(Device device, void* ptr, size_t bytes) {
+  if (ptr == nullptr) return;
+  cpu_pool(device.index()).release(ptr, bytes);
+}
+
+MemoryStats memory_stats(Device device) {
+  require_cpu(device);
+  CpuPool& pool = cpu_pool(device.index());
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  return pool.stats;
+}
+
+void reset_peak_memory_stats(Device device) {
+  require_cpu(device);
+  CpuPool& pool = cpu_pool(device.index());
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  pool.stats.peak_allocated_bytes = pool.stats.allocated_bytes;
+}
+
+void empty_cache(Device device) {
+  require_cpu(device);
+  cpu_pool(device.index()).empty();
+}
+
+}  // namespace lockstep

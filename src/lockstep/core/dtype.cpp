@@ -1,0 +1,222 @@
+#include "lockstep/core/dtype.h"
+
+#include <algorithm>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
+  }
+  return "?";
+}
+
+const char* dtype_safetensors_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& name) {
+  for (DType d : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    if (name == dtype_name(d) || name == dtype_safetensors_name(d)) return d;
+  }
+  if (name == "float32" || name == "float") return DType::f32;
+  if (name == "float64" || name == "double") return DType::f64;
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "float16" || name == "half") return DType::f16;
+  LOCKSTEP_FAIL() << "unknown dtype '" << name << "': expected one of f32, f64, bf16, f16, i32, i64, u8";
+  return DType::f32;
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16;
+}
+
+uint16_t f32_to_f16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf (incl. rounding up)
+  if (abs < 0x38800000u) {
+    // Subnormal or zero in f16: shift the full mantissa into place with round-to-nearest-even.
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
+    const uint32_t exponent = abs >> 23;
+    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // 14 + (113 - exponent) - 1 ... keeps 10-bit result
+    uint32_t half = mantissa >> (shift - 0);
+    const uint32_t rest = mantissa & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits.
+  uint32_t rounded = abs - 0x38000000u;
+  rounded += 0xfffu + ((rounded >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (rounded >> 13));
+}
+
+float f16_to_f32(uint16_t value) {
+  const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
+  const uint32_t exponent = (value >> 10) & 0x1fu;
+  uint32_t mantissa = value & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: normalize.
+    int e = -1;
+    do {
+      ++e;
+      mantissa <<= 1;
+    } while ((mantissa & 0x400u) == 0);
+    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((mantissa & 0x3ffu) << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+}  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+template <typename Dst>
+void convert_to(const void* src, DType src_dtype, Dst* dst, int64_t n) {
+  switch (src_dtype) {
+    case DType::f32: {
+      auto* s = static_cast<const float*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(s[i]);
+      break;
+    }
+    case DType::f64: {
+      auto* s = static_cast<const double*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(s[i]);
+      break;
+    }
+    case DType::bf16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(bf16_to_f32(s[i]));
+      break;
+    }
+    case DType::f16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(f16_to_f32(s[i]));
+      break;
+    }
+    case DType::i32: {
+      auto* s = static_cast<const int32_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(s[i]);
+      break;
+    }
+    case DType::i64: {
+      auto* s = static_cast<const int64_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(s[i]);
+      break;
+    }
+    case DType::u8: {
+      auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(s[i]);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(src_dtype));
+    return;
+  }
+  switch (dst_dtype) {
+    case DType::f32:
+      convert_to(src, src_dtype, static_cast<float*>(dst), n);
+      break;
+    case DType::f64:
+      convert_to(src, src_dtype, static_cast<double*>(dst), n);
+      break;
+    case DType::i32:
+      convert_to(src, src_dtype, static_cast<int32_t*>(dst), n);
+      break;
+    case DType::i64:
+      convert_to(src, src_dtype, static_cast<int64_t*>(dst), n);
+      break;
+    case DType::u8:
+      convert_to(src, src_dtype, static_cast<uint8_t*>(dst), n);
+      break;
+    case DType::bf16:
+    case DType::f16: {
+      // Through f32: exact for every source the 16-bit formats can hold.
+      const bool bf = dst_dtype == DType::bf16;
+      auto* d = static_cast<uint16_t*>(dst);
+      constexpr int64_t kChunk = 1024;
+      float buffer[kChunk];
+      for (int64_t start = 0; start < n; start += kChunk) {
+        const int64_t count = std::min(kChunk, n - start);
+        convert_to(static_cast<const char*>(src) + start * static_cast<int64_t>(dtype_size(src_dtype)), src_dtype,
+                   buffer, count);
+        for (int64_t i = 0; i < count; ++i) d[start + i] = bf ? f32_to_bf16(buffer[i]) : f32_to_f16(buffer[i]);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace lockstep

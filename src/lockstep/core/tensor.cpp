@@ -1,0 +1,159 @@
+#include "lockstep/core/tensor.h"
+
+#include <cstring>
+#include <iomanip>
+
+namespace lockstep {
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) {
+    LOCKSTEP_CHECK(d >= 0) << "negative dimension " << d << " in shape " << shape_str(shape);
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(device, static_cast<size_t>(lockstep::numel(shape)) * dtype_size(dtype));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill(value);
+  return t;
+}
+
+Tensor Tensor::scalar(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
+
+int64_t Tensor::size(int64_t axis) const { return shape()[static_cast<size_t>(wrap_axis(axis, dim()))]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = shape().size(); i-- > 0;) {
+    if (shape()[i] == 1) continue;
+    if (strides()[i] != expected) return false;
+    expected *= shape()[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  LOCKSTEP_CHECK(device().is_cpu()) << "host access to a tensor on " << device()
+                                    << ": copy it to the CPU first with .to(Device::cpu())";
+  return static_cast<char*>(storage()->data()) + offset() * static_cast<int64_t>(dtype_size(dtype()));
+}
+
+void Tensor::check_dtype(DType expected) const {
+  LOCKSTEP_CHECK(dtype() == expected) << "tensor of dtype " << dtype_name(dtype()) << " accessed as "
+                                      << dtype_name(expected);
+}
+
+double Tensor::item() const {
+  LOCKSTEP_CHECK(numel() == 1) << "item() needs a tensor with one element, got shape " << shape_str(shape());
+  return to_vector<double>()[0];
+}
+
+Tensor Tensor::as_strided(const Shape& new_shape, const Strides& new_strides, int64_t new_offset) const {
+  LOCKSTEP_CHECK(new_shape.size() == new_strides.size())
+      << "as_strided: shape " << shape_str(new_shape) << " and strides " << shape_str(new_strides) << " differ in rank";
+  int64_t lo = new_offset, hi = new_offset;
+  for (size_t i = 0; i < new_shape.size(); ++i) {
+    if (new_shape[i] == 0) {
+      lo = hi = new_offset;
+      break;
+    }
+    const int64_t span = (new_shape[i] - 1) * new_strides[i];
+    (span < 0 ? lo : hi) += span;
+  }
+  const int64_t capacity = static_cast<int64_t>(storage()->nbytes() / dtype_size(dtype()));
+  LOCKSTEP_CHECK(lo >= 0 && (lockstep::numel(new_shape) == 0 || hi < capacity))
+      << "as_strided: view " << shape_str(new_shape) << " at offset " << new_offset << " reaches outside a storage of "
+      << capacity << " elements";
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storage();
+  impl->offset = new_offset;
+  impl->shape = new_shape;
+  impl->strides = new_strides;
+  impl->dtype = dtype();
+  return Tensor(std::move(impl));
+}
+
+void strided_copy(const Tensor& src, const Tensor& dst) {
+  LOCKSTEP_CHECK(src.shape() == dst.shape())
+      << "copy: source shape " << shape_str(src.shape()) << " differs from destination " << shape_str(dst.shape());
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    convert_elements(src.raw_data(), src.dtype(), dst.raw_data(), dst.dtype(), n);
+    return;
+  }
+  // Walk the index space with the last axis as the inner loop, converting one row at a time.
+  const int64_t rank = src.dim();
+  const int64_t inner = rank ? src.shape().back() : 1;
+  const int64_t src_step = rank ? src.strides().back() : 1;
+  const int64_t dst_step = rank ? dst.strides().back() : 1;
+  const size_t src_size = dtype_size(src.dtype()), dst_size = dtype_size(dst.dtype());
+  const char* src_base = static_cast<const char*>(src.raw_data());
+  char* dst_base = static_cast<char*>(dst.raw_data());
+  std::vector<int64_t> index(static_cast<size_t>(std::max<int64_t>(rank - 1, 0)), 0);
+  std::vector<char> src_row(static_cast<size_t>(inner) * src_size), dst_row(static_cast<size_t>(inner) * dst_size);
+  for (int64_t done = 0; done < n; done += inner) {
+    int64_t src_off = 0, dst_off = 0;
+    for (size_t i = 0; i < index.size(); ++i) {
+      src_off += index[i] * src.strides()[i];
+      dst_off += index[i] * dst.strides()[i];
+    }
+    for (int64_t j = 0; j < inner; ++j)
+      std::memcpy(&src_row[static_cast<size_t>(j) * src_size],
+                  src_base + (src_off + j * src_step) * static_cast<int64_t>(src_size), src_size);
+    convert_elements(src_row.data(), src.dtype(), dst_row.data(), dst.dtype(), inner);
+    for (int64_t j = 0; j < inner; ++j)
+      std::memcpy(dst_base + (dst_off + j * dst_step) * static_cast<int64_t>(dst_size),
+                  &dst_row[static_cast<size_t>(j) * dst_size], dst_size);
+    for (size_t i = index.size(); i-- > 0;) {
+      if (++index[i] < src.shape()[i]) break;
+      index[i] = 0;
+    }
+  }
+}
+
+void Tensor::copy_from(const Tensor& src) const { strided_copy(src, *this); }
+
+void Tensor::fill(double value) const {
+  if (is_contiguous()) {
+    if (value == 0.0) {
+      std::memset(raw_data(), 0, nbytes());
+      return;
+    }
+    if (dtype() == DType::f32) {
+      std::fill_n(data<float>(), numel(), static_cast<float>(value));
+      return;
+    }
+  }
+  const Tensor one = Tensor::empty({}, DType::f64, device());
+  *one.data<double>() = value;
+  // Broadcast the scalar with zero strides.
+  strided_copy(one.as_strided(shape(), Strides(shape().size(), 0), 0), *this);
+}
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor) {
+  if (!tensor.defined()) return out << "Tensor(undefined)";
+  out << "Tensor" << shape_str(tensor.shape()) << " " << dtype_name(tensor.dtype()) << " " << tensor.device();
+  if (tensor.numel() <= 16 && tensor.device().is_cpu()) {
+    out << " {";
+    const auto values = tensor.to_vector<double>();
+    for (size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << std::setprecision(6) << values[i];
+    out << "}";
+  }
+  return out;
+}
+
+}  // namespace lockstep

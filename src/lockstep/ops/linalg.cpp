@@ -1,0 +1,182 @@
+#include "lockstep/ops/linalg.h"
+
+#include "lockstep/autograd/node.h"
+#include "lockstep/ops/cpu/gemm.h"
+#include "lockstep/ops/dispatch.h"
+
+namespace lockstep {
+namespace {
+
+// A 2-D matrix as BLAS sees it: a pointer, whether it is stored transposed, and its leading
+// dimension. Row-major [r, c] with unit column stride is plain; unit row stride is a
+// transposed view. Anything else is copied to contiguous first.
+struct BlasMatrix {
+  Tensor holder;  // keeps the bytes alive (a contiguous copy when one was needed)
+  bool transposed = false;
+  int64_t ld = 0;
+};
+
+BlasMatrix as_blas(const Tensor& m) {
+  const int64_t rows = m.size(0), cols = m.size(1);
+  const int64_t s0 = m.strides()[0], s1 = m.strides()[1];
+  if ((s1 == 1 || cols == 1) && s0 >= std::max<int64_t>(cols, 1)) return {m, false, s0};
+  if ((s0 == 1 || rows == 1) && s1 >= std::max<int64_t>(rows, 1)) return {m, true, s1};
+  Tensor dense = Tensor::empty(m.shape(), m.dtype(), m.device());
+  dense.copy_from(m);
+  return {dense, false, std::max<int64_t>(cols, 1)};
+}
+
+// The transposed view of a 2-D tensor (no copy, no autograd).
+Tensor t2(const Tensor& m) {
+  return m.as_strided({m.size(1), m.size(0)}, {m.strides()[1], m.strides()[0]}, m.offset());
+}
+
+// out[m, n] = beta · out + a[m, k] @ b[k, n]; out contiguous.
+void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, double beta) {
+  const BlasMatrix A = as_blas(a), B = as_blas(b);
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  ops::dispatch_float("matmul", a.dtype(), [&]<typename T>() {
+    cpu::gemm<T>(A.transposed, B.transposed, m, n, k, T(1), A.holder.data<T>(), A.ld, B.holder.data<T>(), B.ld,
+                 static_cast<T>(beta), out.data<T>(), std::max<int64_t>(n, 1));
+  });
+}
+
+// Plain 2-D product without autograd.
+Tensor mm(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty({a.size(0), b.size(1)}, a.dtype(), a.device());
+  gemm_into(a, b, out, 0.0);
+  return out;
+}
+
+// Batched product without autograd: [B, m, k] @ [B, k, n] (either may be a 2-D matrix shared
+// by every batch entry).
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  const int64_t batch = a.dim() == 3 ? a.size(0) : b.size(0);
+  const int64_t m = a.size(-2), n = b.size(-1);
+  Tensor out = Tensor::empty({batch, m, n}, a.dtype(), a.device());
+  auto entry = [](const Tensor& t, int64_t i) {
+    if (t.dim() == 2) return t;
+    return t.as_strided({t.size(1), t.size(2)}, {t.strides()[1], t.strides()[2]}, t.offset() + i * t.strides()[0]);
+  };
+  for (int64_t i = 0; i < batch; ++i) gemm_into(entry(a, i), entry(b, i), entry(out, i), 0.0);
+  return out;
+}
+
+// Transposes the last two axes of a 2-D or 3-D tensor as a view.
+Tensor transpose_last(const Tensor& t) {
+  if (t.dim() == 2) return t2(t);
+  return t.as_strided({t.size(0), t.size(2), t.size(1)}, {t.strides()[0], t.strides()[2], t.strides()[1]}, t.offset());
+}
+
+// Sums a [B, r, c] gradient over B when its input was a shared 2-D matrix.
+Tensor sum_batch(const Tensor& g) {
+  Tensor out = Tensor::zeros({g.size(1), g.size(2)}, g.dtype(), g.device());
+  ops::dispatch_float("matmul", g.dtype(), [&]<typename T>() {
+    const T* src = g.data<T>();
+    T* dst = out.data<T>();
+    const int64_t per = out.numel();
+    for (int64_t b = 0; b < g.size(0); ++b)
+      for (int64_t i = 0; i < per; ++i) dst[i] += src[b * per + i];
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const Device device = ops::common_device("matmul", {a, b});
+  ops::require_cpu("matmul", device);
+  ops::require_float("matmul", a);
+  LOCKSTEP_CHECK(a.dtype() == b.dtype()) << "matmul: dtypes differ (" << dtype_name(a.dtype()) << " and "
+                                         << dtype_name(b.dtype()) << ")";
+  LOCKSTEP_CHECK((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3) && !(a.dim() == 2 && b.dim() == 3))
+      << "matmul: supports [m,k]@[k,n], [b,m,k]@[b,k,n] and [b,m,k]@[k,n]; got " << shape_str(a.shape()) << " @ "
+      << shape_str(b.shape());
+  LOCKSTEP_CHECK(a.size(-1) == b.size(-2))
+      << "matmul: inner dimensions differ: " << shape_str(a.shape()) << " @ " << shape_str(b.shape());
+  if (a.dim() == 3 && b.dim() == 3) {
+    LOCKSTEP_CHECK(a.size(0) == b.size(0))
+        << "matmul: batch sizes differ: " << shape_str(a.shape()) << " @ " << shape_str(b.shape());
+  }
+  const bool batched = a.dim() == 3;
+  Tensor out = batched ? bmm(a, b) : mm(a, b);
+  const bool b_shared = batched && b.dim() == 2;
+  autograd::record("MatmulBackward", {a, b}, {out},
+                   [a = a.detach(), b = b.detach(), batched, b_shared, need_a = a.requires_grad(),
+                    need_b = b.requires_grad()](const std::vector<Tensor>& g) {
+                     const Tensor& grad = g[0];
+                     Tensor grad_a, grad_b;
+                     if (need_a) grad_a = batched ? bmm(grad, transpose_last(b)) : mm(grad, t2(b));
+                     if (need_b) {
+                       if (!batched) {
+                         grad_b = mm(t2(a), grad);
+                       } else {
+                         grad_b = bmm(transpose_last(a), grad);
+                         if (b_shared) grad_b = sum_batch(grad_b);
+                       }
+                     }
+                     return std::vector<Tensor>{grad_a, grad_b};
+                   });
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const Device device = ops::common_device("linear", {x, weight, bias});
+  ops::require_cpu("linear", device);
+  ops::require_float("linear", x);
+  LOCKSTEP_CHECK(weight.dim() == 2) << "linear: weight must be [out, in], got " << shape_str(weight.shape());
+  LOCKSTEP_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1))
+      << "linear: input " << shape_str(x.shape()) << " does not match weight [out, in] = " << shape_str(weight.shape())
+      << " (the last input axis must be " << weight.size(1) << ")";
+  LOCKSTEP_CHECK(x.dtype() == weight.dtype())
+      << "linear: input is " << dtype_name(x.dtype()) << " but weight is " << dtype_name(weight.dtype());
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  if (bias.defined()) {
+    LOCKSTEP_CHECK(bias.dim() == 1 && bias.size(0) == out_features && bias.dtype() == x.dtype())
+        << "linear: bias must be [" << out_features << "] of " << dtype_name(x.dtype()) << ", got "
+        << shape_str(bias.shape()) << " " << dtype_name(bias.dtype());
+  }
+  const Tensor xc = x.contiguous();
+  const int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  const Tensor x2 = xc.detach().as_strided({rows, in}, {in, 1}, xc.offset());
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor out = Tensor::empty(out_shape, x.dtype(), device);
+  const Tensor out2 = out.as_strided({rows, out_features}, {out_features, 1}, 0);
+  double beta = 0.0;
+  if (bias.defined()) {
+    // Start from the bias in every row, then accumulate the product onto it.
+    out2.copy_from(bias.detach().as_strided({rows, out_features}, {0, bias.strides()[0]}, bias.offset()));
+    beta = 1.0;
+  }
+  gemm_into(x2, t2(weight.detach()), out2, beta);
+
+  autograd::record(
+      "LinearBackward", {xc, weight, bias}, {out},
+      [x2, w = weight.detach(), rows, in, out_features, need_x = xc.requires_grad(), need_w = weight.requires_grad(),
+       need_b = bias.defined() && bias.requires_grad()](const std::vector<Tensor>& g) {
+        const Tensor grad = g[0].contiguous();
+        const Tensor g2 = grad.as_strided({rows, out_features}, {out_features, 1}, grad.offset());
+        Tensor grad_x, grad_w, grad_b;
+        if (need_x) {
+          Shape shape = grad.shape();
+          shape.back() = in;
+          grad_x = Tensor::empty(shape, grad.dtype(), grad.device());
+          gemm_into(g2, w, grad_x.as_strided({rows, in}, {in, 1}, 0), 0.0);
+        }
+        if (need_w) grad_w = mm(t2(g2), x2);
+        if (need_b) {
+          grad_b = Tensor::zeros({out_features}, grad.dtype(), grad.device());
+          ops::dispatch_float("linear", grad.dtype(), [&]<typename T>() {
+            const T* src = g2.data<T>();
+            T* dst = grad_b.data<T>();
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c = 0; c < out_features; ++c) dst[c] += src[r * out_features + c];
+          });
+        }
+        return std::vector<Tensor>{grad_x, grad_w, grad_b};
+      });
+  return out;
+}
+
+}  // namespace lockstep

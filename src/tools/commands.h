@@ -1,0 +1,11 @@
+// Entry points of the subcommands; each returns the process exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lockstep::tools {
+
+int train_main(const std::vector<std::string>& args);
+
+}  // namespace lockstep::tools

@@ -1,0 +1,50 @@
+// The lockstep command: one binary, one file per subcommand.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "lockstep/core/error.h"
+#include "tools/commands.h"
+
+namespace {
+
+void print_usage(FILE* out) {
+  std::fprintf(out,
+               "usage: lockstep <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  train     train a model (Fashion-MNIST CNN by default); see 'lockstep train --help'\n"
+               "  version   print the version\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (command == "train") return lockstep::tools::train_main(args);
+    if (command == "version" || command == "--version") {
+      std::printf("lockstep %s\n", LOCKSTEP_VERSION);
+      return 0;
+    }
+    if (command == "help" || command == "--help" || command == "-h") {
+      print_usage(stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "lockstep: unknown command '%s'\n\n", command.c_str());
+    print_usage(stderr);
+    return 2;
+  } catch (const lockstep::UsageError& e) {
+    std::fprintf(stderr, "lockstep %s: %s\n", command.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lockstep %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+}
