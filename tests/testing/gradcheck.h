@@ -51,14 +51,21 @@ inline void expect_gradients_match(const std::function<Tensor(const std::vector<
     ASSERT_EQ(input.dtype(), DType::f64) << "gradcheck inputs must be f64";
     ASSERT_TRUE(input.grad().defined()) << "input " << k << " got no gradient";
     const auto analytic = input.grad().to_vector<double>();
-    double* p = input.data<double>();
+    double* base = input.data<double>();
     for (int64_t i = 0; i < input.numel(); ++i) {
-      const double saved = p[i];
-      p[i] = saved + eps;
+      // Element i in logical (row-major) order, wherever the strides put it.
+      int64_t offset = 0;
+      for (int64_t axis = input.dim() - 1, rest = i; axis >= 0; --axis) {
+        offset += rest % input.size(axis) * input.strides()[static_cast<size_t>(axis)];
+        rest /= input.size(axis);
+      }
+      double* p = base + offset;
+      const double saved = *p;
+      *p = saved + eps;
       const double plus = objective();
-      p[i] = saved - eps;
+      *p = saved - eps;
       const double minus = objective();
-      p[i] = saved;
+      *p = saved;
       const double numeric = (plus - minus) / (2 * eps);
       EXPECT_NEAR(analytic[static_cast<size_t>(i)], numeric, tolerance * (1 + std::abs(numeric)))
           << "input " << k << " element " << i;

@@ -1,0 +1,27 @@
+// Metrics as JSON lines: one object per line, flushed as written, so a crashed or running
+// job's metrics.jsonl is readable with `tail -f` or pandas.read_json(lines=True).
+#pragma once
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace lockstep {
+
+class JsonLinesWriter {
+ public:
+  explicit JsonLinesWriter(const std::string& path);  // truncates; Error naming the path if it cannot
+  ~JsonLinesWriter();
+  JsonLinesWriter(const JsonLinesWriter&) = delete;
+  JsonLinesWriter& operator=(const JsonLinesWriter&) = delete;
+  void write(const nlohmann::json& object);
+
+ private:
+  std::string path_;
+  FILE* file_;
+};
+
+// Writes a JSON document atomically (temporary file, then rename), pretty-printed.
+void write_json_file(const std::string& path, const nlohmann::json& document);
+
+}  // namespace lockstep

@@ -1,0 +1,105 @@
+#include <gtest/gtest.h>
+
+#include "lockstep/autograd/node.h"
+#include "lockstep/ops/linalg.h"
+#include "testing/gradcheck.h"
+
+namespace lockstep {
+namespace {
+
+using testing::random_f64;
+
+// sum(a @ b) written out by hand: d/da[i][k] = sum_j b[k][j].
+TEST(Autograd, MatmulGradientMatchesClosedForm) {
+  const Tensor a = random_f64({2, 3}, 1).set_requires_grad(true);
+  const Tensor b = random_f64({3, 4}, 2).set_requires_grad(true);
+  const Tensor c = matmul(a, b);
+  c.backward(Tensor::ones({2, 4}, DType::f64));
+  const auto bv = b.to_vector<double>(), av = a.to_vector<double>();
+  const auto ga = a.grad().to_vector<double>(), gb = b.grad().to_vector<double>();
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 3; ++k) {
+      double expected = 0;
+      for (int j = 0; j < 4; ++j) expected += bv[k * 4 + j];
+      EXPECT_NEAR(ga[i * 3 + k], expected, 1e-12);
+    }
+  for (int k = 0; k < 3; ++k)
+    for (int j = 0; j < 4; ++j) EXPECT_NEAR(gb[k * 4 + j], av[k] + av[3 + k], 1e-12);
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
+  const Tensor a = random_f64({2, 2}, 3).set_requires_grad(true);
+  const Tensor b = random_f64({2, 2}, 4);
+  const Tensor seed = Tensor::ones({2, 2}, DType::f64);
+  matmul(a, b).backward(seed);
+  const auto once = a.grad().to_vector<double>();
+  matmul(a, b).backward(seed);
+  const auto twice = a.grad().to_vector<double>();
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_DOUBLE_EQ(twice[i], 2 * once[i]);
+  EXPECT_FALSE(b.grad().defined());  // b does not require grad
+}
+
+// A tensor used twice (a diamond in the graph) receives the sum of both paths.
+TEST(Autograd, SharedInputSumsBothPaths) {
+  const Tensor a = random_f64({3, 3}, 5).set_requires_grad(true);
+  testing::expect_gradients_match([](const std::vector<Tensor>& in) { return matmul(matmul(in[0], in[0]), in[0]); },
+                                  {a});
+}
+
+TEST(Autograd, LinearGradientsMatchFiniteDifferences) {
+  const Tensor x = random_f64({4, 3}, 6).set_requires_grad(true);
+  const Tensor w = random_f64({5, 3}, 7).set_requires_grad(true);
+  const Tensor b = random_f64({5}, 8).set_requires_grad(true);
+  testing::expect_gradients_match([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, b});
+}
+
+TEST(Autograd, BatchedMatmulWithSharedMatrix) {
+  const Tensor a = random_f64({2, 3, 4}, 9).set_requires_grad(true);
+  const Tensor b = random_f64({4, 2}, 10).set_requires_grad(true);
+  testing::expect_gradients_match([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); }, {a, b});
+}
+
+TEST(Autograd, TransposedViewsGoToBlasWithoutCopy) {
+  const Tensor a = random_f64({3, 2}, 11);
+  const Tensor at = a.as_strided({2, 3}, {1, 2}, 0).set_requires_grad(true);
+  const Tensor b = random_f64({3, 2}, 12).set_requires_grad(true);
+  testing::expect_gradients_match([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); }, {at, b});
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  const Tensor a = random_f64({2, 2}, 13).set_requires_grad(true);
+  Tensor c;
+  {
+    NoGradGuard guard;
+    c = matmul(a, a);
+  }
+  EXPECT_FALSE(c.requires_grad());
+  EXPECT_THROW(c.backward(Tensor::ones({2, 2}, DType::f64)), Error);
+  EXPECT_TRUE(matmul(a, a).requires_grad());
+}
+
+TEST(Autograd, ClearErrors) {
+  const Tensor a = random_f64({2, 2}, 14).set_requires_grad(true);
+  const Tensor c = matmul(a, a);
+  // Not a scalar and no gradient given.
+  EXPECT_THROW(c.backward(), Error);
+  c.backward(Tensor::ones({2, 2}, DType::f64));
+  // The graph's saved tensors are freed after the first backward.
+  try {
+    c.backward(Tensor::ones({2, 2}, DType::f64));
+    FAIL() << "second backward should throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Tensor::zeros({2}, DType::i64).set_requires_grad(true), Error);
+}
+
+TEST(Autograd, DetachCutsHistory) {
+  const Tensor a = random_f64({2, 2}, 15).set_requires_grad(true);
+  const Tensor d = matmul(a, a).detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_TRUE(d.is_leaf());
+}
+
+}  // namespace
+}  // namespace lockstep
