@@ -1,0 +1,32 @@
+// What `lockstep train` was asked to do, after flag parsing and defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace lockstep::tools {
+
+struct TrainOptions {
+  std::string model = "cnn";
+  int64_t epochs = 1;
+  int64_t steps = -1;  // -1: epochs × batches per epoch; 0: evaluate only
+  int64_t batch_size = 64;
+  double lr = -1;  // -1: the optimizer's default below
+  std::string optimizer = "sgd";
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  std::string lr_schedule = "constant";
+  uint64_t seed = 0;
+  int64_t threads = 0;  // 0: every core
+  std::string data_dir;
+  std::string out_dir;
+  std::string resume_dir;
+  std::string init_file;
+  int64_t log_every = 50;
+  bool quiet = false;
+};
+
+// The learning rate used when --lr is not given.
+inline double default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3 : 0.05; }
+
+}  // namespace lockstep::tools
