@@ -19,7 +19,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw_data(), 0, t.nbytes());
+  t.zero();
   return t;
 }
 
@@ -86,6 +86,24 @@ Tensor Tensor::as_strided(const Shape& new_shape, const Strides& new_strides, in
   return Tensor(std::move(impl));
 }
 
+namespace {
+
+// Copies one row of `count` elements of the same size between strided places.
+template <typename Word>
+void copy_row(const char* src, int64_t src_step, char* dst, int64_t dst_step, int64_t count) {
+  const auto* s = reinterpret_cast<const Word*>(src);
+  auto* d = reinterpret_cast<Word*>(dst);
+  if (src_step == 1 && dst_step == 1) {
+    std::memcpy(d, s, static_cast<size_t>(count) * sizeof(Word));
+  } else if (src_step == 0) {
+    std::fill_n(d, count, *s);  // only reached with dst_step == 1 (see below)
+  } else {
+    for (int64_t j = 0; j < count; ++j) d[j * dst_step] = s[j * src_step];
+  }
+}
+
+}  // namespace
+
 void strided_copy(const Tensor& src, const Tensor& dst) {
   LOCKSTEP_CHECK(src.shape() == dst.shape())
       << "copy: source shape " << shape_str(src.shape()) << " differs from destination " << shape_str(dst.shape());
@@ -95,29 +113,46 @@ void strided_copy(const Tensor& src, const Tensor& dst) {
     convert_elements(src.raw_data(), src.dtype(), dst.raw_data(), dst.dtype(), n);
     return;
   }
-  // Walk the index space with the last axis as the inner loop, converting one row at a time.
+  // Walk the index space with the last axis as the inner loop, one row at a time: rows of
+  // the same dtype are copied directly, others converted through a contiguous buffer.
   const int64_t rank = src.dim();
   const int64_t inner = rank ? src.shape().back() : 1;
   const int64_t src_step = rank ? src.strides().back() : 1;
   const int64_t dst_step = rank ? dst.strides().back() : 1;
   const size_t src_size = dtype_size(src.dtype()), dst_size = dtype_size(dst.dtype());
+  const bool same_dtype = src.dtype() == dst.dtype();
   const char* src_base = static_cast<const char*>(src.raw_data());
   char* dst_base = static_cast<char*>(dst.raw_data());
   std::vector<int64_t> index(static_cast<size_t>(std::max<int64_t>(rank - 1, 0)), 0);
-  std::vector<char> src_row(static_cast<size_t>(inner) * src_size), dst_row(static_cast<size_t>(inner) * dst_size);
+  std::vector<char> src_row, dst_row;
+  if (!same_dtype) {
+    src_row.resize(static_cast<size_t>(inner) * src_size);
+    dst_row.resize(static_cast<size_t>(inner) * dst_size);
+  }
   for (int64_t done = 0; done < n; done += inner) {
     int64_t src_off = 0, dst_off = 0;
     for (size_t i = 0; i < index.size(); ++i) {
       src_off += index[i] * src.strides()[i];
       dst_off += index[i] * dst.strides()[i];
     }
-    for (int64_t j = 0; j < inner; ++j)
-      std::memcpy(&src_row[static_cast<size_t>(j) * src_size],
-                  src_base + (src_off + j * src_step) * static_cast<int64_t>(src_size), src_size);
-    convert_elements(src_row.data(), src.dtype(), dst_row.data(), dst.dtype(), inner);
-    for (int64_t j = 0; j < inner; ++j)
-      std::memcpy(dst_base + (dst_off + j * dst_step) * static_cast<int64_t>(dst_size),
-                  &dst_row[static_cast<size_t>(j) * dst_size], dst_size);
+    const char* s = src_base + src_off * static_cast<int64_t>(src_size);
+    char* d = dst_base + dst_off * static_cast<int64_t>(dst_size);
+    if (same_dtype && (src_step != 0 || dst_step == 1)) {
+      switch (src_size) {
+        case 1: copy_row<uint8_t>(s, src_step, d, dst_step, inner); break;
+        case 2: copy_row<uint16_t>(s, src_step, d, dst_step, inner); break;
+        case 4: copy_row<uint32_t>(s, src_step, d, dst_step, inner); break;
+        default: copy_row<uint64_t>(s, src_step, d, dst_step, inner); break;
+      }
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(&src_row[static_cast<size_t>(j) * src_size], s + j * src_step * static_cast<int64_t>(src_size),
+                    src_size);
+      convert_elements(src_row.data(), src.dtype(), dst_row.data(), dst.dtype(), inner);
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(d + j * dst_step * static_cast<int64_t>(dst_size), &dst_row[static_cast<size_t>(j) * dst_size],
+                    dst_size);
+    }
     for (size_t i = index.size(); i-- > 0;) {
       if (++index[i] < src.shape()[i]) break;
       index[i] = 0;
@@ -129,6 +164,7 @@ void Tensor::copy_from(const Tensor& src) const { strided_copy(src, *this); }
 
 void Tensor::fill(double value) const {
   if (is_contiguous()) {
+    if (numel() == 0) return;
     if (value == 0.0) {
       std::memset(raw_data(), 0, nbytes());
       return;

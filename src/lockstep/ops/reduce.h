@@ -1,4 +1,6 @@
-// Reductions over axes. Axes may be negative; keepdim keeps reduced axes as size 1.
+// Reductions over axes. Axes may be negative; keepdim keeps reduced axes as size 1; an
+// empty axes list reduces nothing (NumPy's axis=()). Sums run in an order fixed by the
+// shape, so results never depend on the thread count.
 #pragma once
 
 #include <vector>

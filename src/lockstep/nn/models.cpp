@@ -1,0 +1,53 @@
+#include "lockstep/nn/models.h"
+
+#include "lockstep/nn/init.h"
+#include "lockstep/ops/conv.h"
+#include "lockstep/ops/elementwise.h"
+#include "lockstep/ops/shape_ops.h"
+
+namespace lockstep::nn {
+
+CNN::CNN() : Module("CNN") {
+  conv1 = register_module("conv1", std::make_shared<Conv2d>(1, 32, 3));
+  conv2 = register_module("conv2", std::make_shared<Conv2d>(32, 64, 3));
+  fc1 = register_module("fc1", std::make_shared<Linear>(1600, 128));
+  fc2 = register_module("fc2", std::make_shared<Linear>(128, 10));
+}
+
+Tensor CNN::forward(const Tensor& x) {
+  Tensor h = max_pool2d(relu(conv1->forward(x)), {2, 2});  // [N, 32, 13, 13]
+  h = max_pool2d(relu(conv2->forward(h)), {2, 2});         // [N, 64, 5, 5]
+  h = relu(fc1->forward(flatten(h, 1)));
+  return fc2->forward(h);
+}
+
+MLP::MLP() : Module("MLP") {
+  fc1 = register_module("fc1", std::make_shared<Linear>(784, 512));
+  fc2 = register_module("fc2", std::make_shared<Linear>(512, 512));
+  fc3 = register_module("fc3", std::make_shared<Linear>(512, 10));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  Tensor h = relu(fc1->forward(flatten(x, 1)));
+  h = relu(fc2->forward(h));
+  return fc3->forward(h);
+}
+
+std::vector<std::string> model_names() { return {"cnn", "mlp"}; }
+
+std::shared_ptr<Module> make_model(const std::string& name, uint64_t seed) {
+  std::shared_ptr<Module> model;
+  if (name == "cnn") {
+    model = std::make_shared<CNN>();
+  } else if (name == "mlp") {
+    model = std::make_shared<MLP>();
+  } else {
+    std::string choices;
+    for (const auto& known : model_names()) choices += (choices.empty() ? "" : ", ") + known;
+    LOCKSTEP_FAIL() << "unknown model '" << name << "': choose one of " << choices;
+  }
+  initialize(*model, seed);
+  return model;
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,49 @@
+// The built-in models the CLI trains by name. Parameter names and layouts equal those of the
+// equivalent PyTorch nn.Module (given beside each), so weights move between Lockstep and
+// PyTorch unchanged. Inputs are [N, 1, 28, 28] f32 images (Fashion-MNIST); outputs are
+// [N, 10] logits.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/nn/conv.h"
+#include "lockstep/nn/linear.h"
+#include "lockstep/nn/module.h"
+
+namespace lockstep::nn {
+
+// class CNN(nn.Module):
+//     conv1 = nn.Conv2d(1, 32, 3); conv2 = nn.Conv2d(32, 64, 3)
+//     fc1 = nn.Linear(1600, 128); fc2 = nn.Linear(128, 10)
+//     forward: max_pool2d(relu(conv1(x)), 2) -> max_pool2d(relu(conv2(.)), 2) -> flatten(1)
+//              -> relu(fc1(.)) -> fc2(.)
+class CNN : public Module {
+ public:
+  CNN();
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<Conv2d> conv1, conv2;
+  std::shared_ptr<Linear> fc1, fc2;
+};
+
+// class MLP(nn.Module):
+//     fc1 = nn.Linear(784, 512); fc2 = nn.Linear(512, 512); fc3 = nn.Linear(512, 10)
+//     forward: flatten(1) -> relu(fc1(.)) -> relu(fc2(.)) -> fc3(.)
+class MLP : public Module {
+ public:
+  MLP();
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<Linear> fc1, fc2, fc3;
+};
+
+// The names make_model accepts.
+std::vector<std::string> model_names();
+
+// A model by name ("cnn", "mlp"), initialized by initialize(model, seed). An unknown name is
+// an Error listing the choices.
+std::shared_ptr<Module> make_model(const std::string& name, uint64_t seed = 0);
+
+}  // namespace lockstep::nn

@@ -1,0 +1,104 @@
+#include "lockstep/ops/cpu/im2col.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lockstep/core/parallel.h"
+
+namespace lockstep::cpu {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+// The output columns [lo, hi) whose input column ow·stride - pad + k lies inside [0, size).
+struct ValidRange {
+  int64_t lo, hi;
+};
+
+ValidRange valid_outputs(int64_t k, int64_t size, int64_t stride, int64_t pad, int64_t out) {
+  const int64_t lo = std::clamp<int64_t>(ceil_div(pad - k, stride), 0, out);
+  const int64_t last = size - 1 + pad - k;  // largest ow·stride allowed
+  const int64_t hi = last < 0 ? lo : std::clamp<int64_t>(last / stride + 1, lo, out);
+  return {lo, hi};
+}
+
+// Enough elements per task that threading pays for itself.
+int64_t task_grain(const Window2d& win) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, win.kernel_area() * win.out_plane()));
+}
+
+}  // namespace
+
+template <typename T>
+void im2col(const T* x, int64_t count, int64_t channels, const Window2d& win, T* col, int64_t ld) {
+  const int64_t H = win.in_h, W = win.in_w, OH = win.out_h, OW = win.out_w, P = win.out_plane();
+  const int64_t KH = win.kernel_h, KW = win.kernel_w, sh = win.stride_h, sw = win.stride_w;
+  const int64_t ph = win.pad_h, pw = win.pad_w;
+  parallel_for(count * channels, task_grain(win), [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / channels, c = task % channels;
+      const T* src = x + task * H * W;
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          T* dst = col + ((c * KH + kh) * KW + kw) * ld + g * P;
+          const ValidRange cols = valid_outputs(kw, W, sw, pw, OW);
+          for (int64_t oh = 0; oh < OH; ++oh) {
+            T* d = dst + oh * OW;
+            const int64_t ih = oh * sh - ph + kh;
+            if (ih < 0 || ih >= H) {
+              std::fill(d, d + OW, T(0));
+              continue;
+            }
+            const int64_t base = ih * W - pw + kw;  // src[base + ow·sw] is the input for output ow
+            std::fill(d, d + cols.lo, T(0));
+            if (sw == 1) {
+              std::copy(src + base + cols.lo, src + base + cols.hi, d + cols.lo);
+            } else {
+              for (int64_t ow = cols.lo; ow < cols.hi; ++ow) d[ow] = src[base + ow * sw];
+            }
+            std::fill(d + cols.hi, d + OW, T(0));
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void col2im(const T* col, int64_t ld, int64_t count, int64_t channels, const Window2d& win, T* x) {
+  const int64_t H = win.in_h, W = win.in_w, OH = win.out_h, OW = win.out_w, P = win.out_plane();
+  const int64_t KH = win.kernel_h, KW = win.kernel_w, sh = win.stride_h, sw = win.stride_w;
+  const int64_t ph = win.pad_h, pw = win.pad_w;
+  parallel_for(count * channels, task_grain(win), [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / channels, c = task % channels;
+      T* dst = x + task * H * W;
+      std::fill(dst, dst + H * W, T(0));
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          const T* src = col + ((c * KH + kh) * KW + kw) * ld + g * P;
+          const ValidRange cols = valid_outputs(kw, W, sw, pw, OW);
+          for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t ih = oh * sh - ph + kh;
+            if (ih < 0 || ih >= H) continue;
+            const T* s = src + oh * OW;
+            T* d = dst + ih * W;
+            const int64_t base = kw - pw;  // d[base + ow·sw] receives output ow
+            if (sw == 1) {
+              for (int64_t ow = cols.lo; ow < cols.hi; ++ow) d[base + ow] += s[ow];
+            } else {
+              for (int64_t ow = cols.lo; ow < cols.hi; ++ow) d[base + ow * sw] += s[ow];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+template void im2col<float>(const float*, int64_t, int64_t, const Window2d&, float*, int64_t);
+template void im2col<double>(const double*, int64_t, int64_t, const Window2d&, double*, int64_t);
+template void col2im<float>(const float*, int64_t, int64_t, int64_t, const Window2d&, float*);
+template void col2im<double>(const double*, int64_t, int64_t, int64_t, const Window2d&, double*);
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,200 @@
+// Reductions: argument checks, the CPU kernels of ops/cpu/reduce, and backward functions
+// (a sum's gradient is its incoming gradient broadcast back over the reduced axes).
+#include "lockstep/ops/reduce.h"
+
+#include <string>
+
+#include "lockstep/autograd/node.h"
+#include "lockstep/ops/cpu/elementwise.h"
+#include "lockstep/ops/cpu/reduce.h"
+#include "lockstep/ops/dispatch.h"
+
+namespace lockstep {
+namespace {
+
+void check_input(const char* op, const Tensor& x) {
+  ops::require_cpu(op, ops::common_device(op, {x}));
+  ops::require_float(op, x);
+}
+
+int64_t checked_axis(const char* op, int64_t axis, const Tensor& x) {
+  const int64_t rank = x.dim();
+  const int64_t wrapped = axis < 0 ? axis + rank : axis;
+  LOCKSTEP_CHECK(wrapped >= 0 && wrapped < rank)
+      << op << ": axis " << axis << " is out of range for a tensor of shape " << shape_str(x.shape()) << " (valid: "
+      << (rank == 0 ? "none, it is 0-d; reduce it whole" : std::to_string(-rank) + " to " + std::to_string(rank - 1))
+      << ")";
+  return wrapped;
+}
+
+// The reduced axes as a mask over x's axes; repeated axes are an error.
+std::vector<bool> axes_mask(const char* op, const Tensor& x, const std::vector<int64_t>& axes) {
+  std::vector<bool> mask(static_cast<size_t>(x.dim()), false);
+  for (int64_t axis : axes) {
+    const auto a = static_cast<size_t>(checked_axis(op, axis, x));
+    LOCKSTEP_CHECK(!mask[a]) << op << ": axis " << axis << " is listed twice in axes " << shape_str(axes);
+    mask[a] = true;
+  }
+  return mask;
+}
+
+// Sums x over the masked axes into a tensor of out_shape (x's kept axes, with or without
+// size-1 placeholders); records a backward that broadcasts the gradient back, times scale
+// (1/count for a mean).
+Tensor reduce_sum(const char* op, const char* backward_name, const Tensor& x, const std::vector<bool>& mask,
+                  const Shape& out_shape, bool mean) {
+  const Tensor xc = x.contiguous();
+  Shape keep_shape = x.shape();  // the output as a broadcastable shape of x's rank
+  int64_t count = 1;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (!mask[i]) continue;
+    count *= keep_shape[i];
+    keep_shape[i] = 1;
+  }
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  ops::dispatch_float(op, x.dtype(), [&]<typename T>() {
+    T* o = out.data<T>();
+    cpu::sum_axes<T>(xc.data<T>(), xc.shape(), mask, o);
+    if (mean) {
+      const T divisor = static_cast<T>(count);
+      for (int64_t i = 0; i < out.numel(); ++i) o[i] /= divisor;
+    }
+  });
+  const double scale = mean ? 1.0 / static_cast<double>(count) : 1.0;
+  autograd::record(
+      backward_name, {xc}, {out}, [keep_shape, in_shape = x.shape(), scale, op](const std::vector<Tensor>& g) {
+        const Tensor grad = g[0].contiguous();
+        Tensor grad_x = Tensor::empty(in_shape, grad.dtype(), grad.device());
+        ops::dispatch_float(op, grad.dtype(), [&]<typename T>() {
+          cpu::broadcast_to<T>(grad.data<T>(), keep_shape, grad_x.data<T>(), in_shape, static_cast<T>(scale));
+        });
+        return std::vector<Tensor>{grad_x};
+      });
+  return out;
+}
+
+Tensor reduce_axes(const char* op, const char* backward_name, const Tensor& x, const std::vector<int64_t>& axes,
+                   bool keepdim, bool mean) {
+  check_input(op, x);
+  const std::vector<bool> mask = axes_mask(op, x, axes);
+  Shape out_shape;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (!mask[i]) {
+      out_shape.push_back(x.shape()[i]);
+    } else if (keepdim) {
+      out_shape.push_back(1);
+    }
+  }
+  return reduce_sum(op, backward_name, x, mask, out_shape, mean);
+}
+
+// x viewed as [outer, n, inner] around `axis`, and the output shape of a reduction along it.
+struct AxisSplit {
+  int64_t outer = 1, n = 1, inner = 1;
+  Shape out_shape;
+};
+
+AxisSplit split_at(const Tensor& x, int64_t axis, bool keepdim) {
+  AxisSplit split;
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    const int64_t d = x.shape()[static_cast<size_t>(i)];
+    if (i < axis) split.outer *= d;
+    if (i > axis) split.inner *= d;
+    if (i == axis) {
+      split.n = d;
+      if (keepdim) split.out_shape.push_back(1);
+    } else {
+      split.out_shape.push_back(d);
+    }
+  }
+  return split;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) {
+  check_input("sum", x);
+  return reduce_sum("sum", "SumBackward", x, std::vector<bool>(static_cast<size_t>(x.dim()), true), {}, false);
+}
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  return reduce_axes("sum", "SumBackward", x, axes, keepdim, false);
+}
+
+Tensor mean(const Tensor& x) {
+  check_input("mean", x);
+  return reduce_sum("mean", "MeanBackward", x, std::vector<bool>(static_cast<size_t>(x.dim()), true), {}, true);
+}
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  return reduce_axes("mean", "MeanBackward", x, axes, keepdim, true);
+}
+
+Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
+  check_input("max", x);
+  const int64_t a = checked_axis("max", axis, x);
+  const AxisSplit split = split_at(x, a, keepdim);
+  LOCKSTEP_CHECK(split.n > 0) << "max: axis " << axis << " of shape " << shape_str(x.shape())
+                              << " is empty, so it has no largest value";
+  const Tensor xc = x.contiguous();
+  Tensor values = Tensor::empty(split.out_shape, x.dtype(), x.device());
+  Tensor indices = Tensor::empty(split.out_shape, DType::i64, x.device());
+  ops::dispatch_float("max", x.dtype(), [&]<typename T>() {
+    cpu::max_middle<T>(xc.data<T>(), split.outer, split.n, split.inner, values.data<T>(), indices.data<int64_t>());
+  });
+  autograd::record("MaxBackward", {xc}, {values}, [indices, split, in_shape = x.shape()](const std::vector<Tensor>& g) {
+    const Tensor grad = g[0].contiguous();
+    Tensor grad_x = Tensor::zeros(in_shape, grad.dtype(), grad.device());
+    ops::dispatch_float("max", grad.dtype(), [&]<typename T>() {
+      const T* src = grad.data<T>();
+      const int64_t* index = indices.data<int64_t>();
+      T* dst = grad_x.data<T>();
+      for (int64_t o = 0; o < split.outer; ++o)
+        for (int64_t j = 0; j < split.inner; ++j) {
+          const int64_t k = o * split.inner + j;
+          dst[(o * split.n + index[k]) * split.inner + j] = src[k];
+        }
+    });
+    return std::vector<Tensor>{grad_x};
+  });
+  return values;
+}
+
+Tensor argmax(const Tensor& x, int64_t axis, bool keepdim) {
+  check_input("argmax", x);
+  const int64_t a = checked_axis("argmax", axis, x);
+  const AxisSplit split = split_at(x, a, keepdim);
+  LOCKSTEP_CHECK(split.n > 0) << "argmax: axis " << axis << " of shape " << shape_str(x.shape())
+                              << " is empty, so it has no largest value";
+  const Tensor xc = x.contiguous();
+  Tensor indices = Tensor::empty(split.out_shape, DType::i64, x.device());
+  ops::dispatch_float("argmax", x.dtype(), [&]<typename T>() {
+    cpu::max_middle<T>(xc.data<T>(), split.outer, split.n, split.inner, nullptr, indices.data<int64_t>());
+  });
+  return indices;
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  check_input("sum_to", x);
+  if (x.shape() == shape) return x;
+  const size_t rank = x.shape().size();
+  const bool fits = shape.size() <= rank && [&] {
+    for (size_t i = 0; i < shape.size(); ++i) {
+      const int64_t d = x.shape()[rank - shape.size() + i];
+      if (shape[i] != d && shape[i] != 1) return false;
+    }
+    return true;
+  }();
+  LOCKSTEP_CHECK(fits) << "sum_to: cannot sum a tensor of shape " << shape_str(x.shape()) << " down to "
+                       << shape_str(shape)
+                       << " (the target must broadcast to the tensor: aligned from the last axis, each target "
+                          "axis equals the tensor's or is 1)";
+  // Reduce the leading extra axes and the axes the target holds as 1; the kept axes are the
+  // target's in order, so the result is already laid out as `shape`.
+  std::vector<bool> mask(rank, false);
+  const size_t lead = rank - shape.size();
+  for (size_t i = 0; i < rank; ++i) mask[i] = i < lead || (shape[i - lead] == 1 && x.shape()[i] != 1);
+  return reduce_sum("sum_to", "SumToBackward", x, mask, shape, false);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,154 @@
+#include "lockstep/optim/optimizer.h"
+
+#include <sstream>
+
+#include "lockstep/autograd/grad_mode.h"
+
+namespace lockstep::optim {
+namespace {
+
+constexpr const char* kStepKey = "step";
+
+// Parses "state.<i>.<slot>" into (i, slot); false when the key has another form.
+bool parse_state_key(const std::string& key, size_t& index, std::string& slot) {
+  const std::string prefix = "state.";
+  if (key.rfind(prefix, 0) != 0) return false;
+  const size_t dot = key.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size() || dot + 1 == key.size()) return false;
+  const std::string digits = key.substr(prefix.size(), dot - prefix.size());
+  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  index = std::stoul(digits);
+  slot = key.substr(dot + 1);
+  return true;
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::vector<StateSlot> slots)
+    : lr_(0), params_(std::move(params)), slots_(std::move(slots)) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    LOCKSTEP_CHECK(p.defined()) << "optimizer: parameter " << i << " is an undefined tensor";
+    LOCKSTEP_CHECK(p.requires_grad() && p.is_leaf())
+        << "optimizer: parameter " << i << " " << shape_str(p.shape())
+        << " does not require grad (or is not a leaf); pass model.parameters()";
+    LOCKSTEP_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64)
+        << "optimizer: parameter " << i << " is " << dtype_name(p.dtype()) << "; optimizers update f32 or f64 weights";
+    LOCKSTEP_CHECK(p.is_contiguous()) << "optimizer: parameter " << i << " " << shape_str(p.shape())
+                                      << " is not contiguous; register contiguous tensors as parameters";
+    LOCKSTEP_CHECK(p.device().is_cpu()) << "optimizer: parameter " << i << " is on " << p.device()
+                                        << ", and optimizer updates run on CPU devices only so far";
+    for (size_t j = 0; j < i; ++j)
+      LOCKSTEP_CHECK(!params_[j].is_same(p))
+          << "optimizer: parameter " << i << " is the same tensor as parameter " << j << "; pass each parameter once";
+  }
+  state_.assign(params_.size(), std::vector<Tensor>(slots_.size()));
+  set_lr(lr);
+}
+
+void Optimizer::set_lr(double lr) {
+  LOCKSTEP_CHECK(lr >= 0.0) << "optimizer: learning rate must be >= 0, got " << lr;
+  lr_ = lr;
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    LOCKSTEP_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device())
+        << name() << ": gradient of parameter " << i << " is " << shape_str(g.shape()) << " " << dtype_name(g.dtype())
+        << " on " << g.device() << " but the parameter is " << shape_str(p.shape()) << " " << dtype_name(p.dtype())
+        << " on " << p.device();
+    if (!g.is_contiguous()) {
+      Tensor dense = Tensor::empty(g.shape(), g.dtype(), g.device());
+      dense.copy_from(g);
+      g = dense;
+    }
+    update(i, p, g);
+  }
+  ++step_count_;
+}
+
+void Optimizer::zero_grad() {
+  for (const Tensor& p : params_) p.set_grad(Tensor());
+}
+
+Tensor& Optimizer::state_slot(size_t param, size_t slot) {
+  Tensor& t = state_.at(param).at(slot);
+  if (!t.defined()) {
+    const Tensor& p = params_[param];
+    t = slots_[slot].per_element ? Tensor::zeros(p.shape(), p.dtype(), p.device()) : Tensor::zeros({}, DType::i64);
+  }
+  return t;
+}
+
+NamedTensors Optimizer::state_dict() const {
+  NamedTensors out;
+  out.emplace_back(kStepKey, Tensor::scalar(static_cast<double>(step_count_), DType::i64));
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (size_t s = 0; s < slots_.size(); ++s)
+      if (state_[i][s].defined()) out.emplace_back("state." + std::to_string(i) + "." + slots_[s].name, state_[i][s]);
+  return out;
+}
+
+void Optimizer::load_state_dict(const NamedTensors& state) {
+  std::vector<std::vector<Tensor>> loaded(params_.size(), std::vector<Tensor>(slots_.size()));
+  int64_t step_count = -1;
+  std::ostringstream problems;
+  for (const auto& [key, value] : state) {
+    if (!value.defined()) {
+      problems << "\n\t" << key << ": undefined tensor";
+      continue;
+    }
+    if (key == kStepKey) {
+      if (value.numel() != 1 || value.item() < 0) {
+        problems << "\n\tstep: expected one non-negative count, got " << value;
+      } else {
+        step_count = static_cast<int64_t>(value.item());
+      }
+      continue;
+    }
+    size_t index = 0;
+    std::string slot_name;
+    if (!parse_state_key(key, index, slot_name)) {
+      problems << "\n\tunexpected key \"" << key << "\" (expected \"step\" or \"state.<param>.<slot>\")";
+      continue;
+    }
+    if (index >= params_.size()) {
+      problems << "\n\t" << key << ": parameter " << index << " does not exist, this optimizer has " << params_.size();
+      continue;
+    }
+    size_t slot = 0;
+    while (slot < slots_.size() && slots_[slot].name != slot_name) ++slot;
+    if (slot == slots_.size()) {
+      problems << "\n\t" << key << ": " << name() << " keeps no state named '" << slot_name << "' (it keeps:";
+      for (const auto& known : slots_) problems << " " << known.name;
+      problems << ")";
+      continue;
+    }
+    if (loaded[index][slot].defined()) {
+      problems << "\n\t" << key << ": given twice";
+      continue;
+    }
+    const Tensor& p = params_[index];
+    const Shape expected = slots_[slot].per_element ? p.shape() : Shape{};
+    if (value.shape() != expected) {
+      problems << "\n\t" << key << ": shape " << shape_str(value.shape()) << " does not match " << shape_str(expected)
+               << (slots_[slot].per_element ? " (the parameter's shape)" : "");
+      continue;
+    }
+    Tensor copy = Tensor::empty(expected, slots_[slot].per_element ? p.dtype() : DType::i64, p.device());
+    copy.copy_from(value);
+    loaded[index][slot] = copy;
+  }
+  if (step_count < 0 && problems.str().find("\n\tstep:") == std::string::npos) problems << "\n\tmissing key \"step\"";
+  LOCKSTEP_CHECK(problems.str().empty()) << "Error(s) in loading " << name() << " optimizer state:" << problems.str()
+                                         << "\n\t(was the checkpoint saved by a " << name()
+                                         << " over the same parameters, in the same order?)";
+  state_ = std::move(loaded);
+  step_count_ = step_count;
+}
+
+}  // namespace lockstep::optim

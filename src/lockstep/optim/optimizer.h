@@ -1,0 +1,81 @@
+// Optimizer: updates a fixed list of parameters from their gradients, with per-parameter
+// state (momentum, Adam moments) that state_dict()/load_state_dict() save and restore
+// bit-exactly, so a resumed run continues as if never stopped. Updates run on raw data
+// under NoGradGuard; each element's update is independent of how the work is split across
+// threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/core/tensor.h"
+#include "lockstep/nn/named_tensors.h"
+
+namespace lockstep::optim {
+
+// One kind of per-parameter state. State named `name` for parameter i is saved as
+// "state.<i>.<name>". Per-element slots have the parameter's shape and dtype; the others
+// are i64 scalars (step counts).
+struct StateSlot {
+  std::string name;
+  bool per_element = true;
+};
+
+class Optimizer {
+ public:
+  // params: contiguous, floating-point tensors that require grad (model.parameters()),
+  // each at most once. Their order numbers the state.
+  Optimizer(std::vector<Tensor> params, double lr, std::vector<StateSlot> slots);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates every parameter that has a gradient (those without are skipped, their state
+  // untouched) and counts the step.
+  void step();
+  // Sets every parameter's grad to undefined (PyTorch's set_to_none=True).
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  int64_t step_count() const { return step_count_; }
+  const std::vector<Tensor>& params() const { return params_; }
+
+  // "step" (i64 scalar: step() calls so far) then, per parameter in order, its existing
+  // state slots "state.<i>.<slot>". Hyperparameters (lr, betas, ...) are not saved: they
+  // come from the configuration and the LR schedule, a function of the step. The tensors
+  // are the live state (no copy): serialize before the next step().
+  NamedTensors state_dict() const;
+  // Replaces all state with copies of the given tensors. Every problem (unknown key, bad
+  // parameter number, wrong shape, missing "step") is reported in one Error and nothing is
+  // changed. A parameter with no entries starts fresh (as one that never had a gradient).
+  void load_state_dict(const NamedTensors& state);
+
+  // State of parameter i in slot s (undefined until created), for sharded optimizers.
+  const Tensor& state(size_t param, size_t slot) const { return state_.at(param).at(slot); }
+  const std::vector<StateSlot>& slots() const { return slots_; }
+
+ protected:
+  // Updates params_[index] from grad (contiguous, same shape, dtype and device). Runs
+  // under NoGradGuard.
+  virtual void update(size_t index, const Tensor& param, const Tensor& grad) = 0;
+  // The state tensor of (param, slot), created (zeros) on first use.
+  Tensor& state_slot(size_t param, size_t slot);
+  // Short name for errors: "SGD", "AdamW".
+  virtual const char* name() const = 0;
+
+  double lr_;
+
+ private:
+  std::vector<Tensor> params_;
+  std::vector<StateSlot> slots_;
+  std::vector<std::vector<Tensor>> state_;  // [param][slot]
+  int64_t step_count_ = 0;
+};
+
+// The grain for parallel_for in elementwise update loops: below it, threads cost more than
+// they save.
+constexpr int64_t kUpdateGrain = int64_t{1} << 15;
+
+}  // namespace lockstep::optim

@@ -1,0 +1,91 @@
+#include "lockstep/optim/sgd.h"
+
+#include <type_traits>
+
+#include "lockstep/core/parallel.h"
+#include "lockstep/ops/dispatch.h"
+
+namespace lockstep::optim {
+namespace {
+
+constexpr size_t kMomentumSlot = 0;
+
+// The update with its branches fixed at compile time, so the loop vectorizes. Operation
+// order is PyTorch's single-tensor SGD, in T, with its scalars rounded to T first.
+template <typename T, bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
+void sgd_loop(T* p, const T* g, T* buf, int64_t begin, int64_t end, T weight_decay, T momentum, T one_minus_dampening,
+              T neg_lr) {
+  for (int64_t i = begin; i < end; ++i) {
+    T d = g[i];
+    if constexpr (kDecay) d = d + weight_decay * p[i];  // grad.add(param, alpha=weight_decay)
+    if constexpr (kMomentum) {
+      T b;
+      if constexpr (kFirst) {
+        b = d;  // buf = clone(grad)
+      } else {
+        b = buf[i] * momentum;  // buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+        b = b + one_minus_dampening * d;
+      }
+      buf[i] = b;
+      if constexpr (kNesterov) {
+        d = d + momentum * b;  // grad.add(buf, alpha=momentum)
+      } else {
+        d = b;
+      }
+    }
+    p[i] = p[i] + neg_lr * d;  // param.add_(grad, alpha=-lr)
+  }
+}
+
+// Calls body(std::bool_constant<flag>{}).
+template <typename Body>
+void with_flag(bool flag, Body&& body) {
+  if (flag) {
+    body(std::true_type{});
+  } else {
+    body(std::false_type{});
+  }
+}
+
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
+    : Optimizer(std::move(params), options.lr, {StateSlot{"momentum_buffer", true}}), options_(options) {
+  LOCKSTEP_CHECK(options.momentum >= 0.0) << "SGD: momentum must be >= 0, got " << options.momentum;
+  LOCKSTEP_CHECK(options.weight_decay >= 0.0) << "SGD: weight_decay must be >= 0, got " << options.weight_decay;
+  LOCKSTEP_CHECK(!options.nesterov || (options.momentum > 0.0 && options.dampening == 0.0))
+      << "SGD: nesterov needs momentum > 0 and dampening 0, got momentum " << options.momentum << " and dampening "
+      << options.dampening;
+}
+
+void SGD::update(size_t index, const Tensor& param, const Tensor& grad) {
+  const bool decay = options_.weight_decay != 0.0;
+  const bool use_momentum = options_.momentum != 0.0;
+  const bool first = use_momentum && !state(index, kMomentumSlot).defined();
+  Tensor buf;
+  if (use_momentum) buf = state_slot(index, kMomentumSlot);
+  const int64_t n = param.numel();
+  ops::dispatch_float("SGD", param.dtype(), [&]<typename T>() {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* b = use_momentum ? buf.data<T>() : nullptr;
+    const T weight_decay = static_cast<T>(options_.weight_decay);
+    const T momentum = static_cast<T>(options_.momentum);
+    const T one_minus_dampening = static_cast<T>(1.0 - options_.dampening);
+    const T neg_lr = static_cast<T>(-lr_);
+    with_flag(decay, [&](auto kDecay) {
+      with_flag(use_momentum, [&](auto kMomentum) {
+        with_flag(first, [&](auto kFirst) {
+          with_flag(options_.nesterov, [&](auto kNesterov) {
+            parallel_for(n, kUpdateGrain, [&](int64_t begin, int64_t end) {
+              sgd_loop<T, kDecay.value, kMomentum.value, kFirst.value, kNesterov.value>(
+                  p, g, b, begin, end, weight_decay, momentum, one_minus_dampening, neg_lr);
+            });
+          });
+        });
+      });
+    });
+  });
+}
+
+}  // namespace lockstep::optim

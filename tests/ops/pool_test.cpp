@@ -1,0 +1,149 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "lockstep/ops/conv.h"
+#include "testing/gradcheck.h"
+
+namespace lockstep {
+namespace {
+
+using testing::expect_all_close;
+using testing::expect_gradients_match;
+using testing::random_f64;
+
+struct PoolCase {
+  Shape x;
+  Pair kernel, stride, padding;
+};
+
+// Direct loops over [N, C, H, W]: the max (first one on ties) with its input position, or the
+// mean with padding counted in the divisor. max_grad gets dy routed to the winners.
+struct NaivePool {
+  std::vector<double> max, avg, max_grad, avg_grad;
+};
+
+NaivePool naive_pool(const Tensor& x, const Tensor& dy, Pair k, Pair s, Pair p) {
+  const auto xv = x.to_vector<double>(), gv = dy.to_vector<double>();
+  const int64_t planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t OH = (H + 2 * p[0] - k[0]) / s[0] + 1, OW = (W + 2 * p[1] - k[1]) / s[1] + 1;
+  NaivePool r{{}, {}, std::vector<double>(xv.size()), std::vector<double>(xv.size())};
+  for (int64_t pl = 0; pl < planes; ++pl)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const double d = gv[static_cast<size_t>((pl * OH + oh) * OW + ow)];
+        double best = -std::numeric_limits<double>::infinity(), total = 0;
+        size_t best_at = 0;
+        for (int64_t kh = 0; kh < k[0]; ++kh)
+          for (int64_t kw = 0; kw < k[1]; ++kw) {
+            const int64_t ih = oh * s[0] - p[0] + kh, iw = ow * s[1] - p[1] + kw;
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+            const size_t at = static_cast<size_t>((pl * H + ih) * W + iw);
+            total += xv[at];
+            r.avg_grad[at] += d / static_cast<double>(k[0] * k[1]);
+            if (xv[at] > best) best = xv[at], best_at = at;
+          }
+        r.max.push_back(best);
+        r.avg.push_back(total / static_cast<double>(k[0] * k[1]));
+        r.max_grad[best_at] += d;
+      }
+  return r;
+}
+
+const std::vector<PoolCase> kCases = {
+    {{2, 3, 8, 8}, {2, 2}, {0, 0}, {0, 0}},  // the 2x2 fast path
+    {{1, 2, 7, 5}, {2, 2}, {2, 2}, {0, 0}},  // odd sizes drop the last row and column
+    {{2, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1}}, {{1, 3, 6, 9}, {2, 3}, {1, 2}, {1, 1}},
+    {{1, 1, 5, 5}, {3, 1}, {1, 1}, {0, 0}},
+};
+
+TEST(MaxPool2d, MatchesNaiveLoopsForwardAndBackward) {
+  for (const PoolCase& c : kCases) {
+    for (DType dtype : {DType::f64, DType::f32}) {
+      Tensor x = random_f64(c.x, 1).to(dtype);
+      x.set_requires_grad(true);
+      const Tensor out = max_pool2d(x, c.kernel, c.stride, c.padding);
+      const Pair stride = c.stride[0] == 0 ? c.kernel : c.stride;
+      const Tensor dy = random_f64(out.shape(), 2).to(dtype);
+      const NaivePool ref = naive_pool(x, dy, c.kernel, stride, c.padding);
+      expect_all_close(out, ref.max, 0, 0);
+      out.backward(dy);
+      expect_all_close(x.grad(), ref.max_grad, 1e-6, 1e-6);
+    }
+  }
+}
+
+TEST(AvgPool2d, MatchesNaiveLoopsForwardAndBackward) {
+  for (const PoolCase& c : kCases) {
+    for (DType dtype : {DType::f64, DType::f32}) {
+      Tensor x = random_f64(c.x, 3).to(dtype);
+      x.set_requires_grad(true);
+      const Tensor out = avg_pool2d(x, c.kernel, c.stride, c.padding);
+      const Pair stride = c.stride[0] == 0 ? c.kernel : c.stride;
+      const Tensor dy = random_f64(out.shape(), 4).to(dtype);
+      const NaivePool ref = naive_pool(x, dy, c.kernel, stride, c.padding);
+      expect_all_close(out, ref.avg, 1e-6, 1e-6);
+      out.backward(dy);
+      expect_all_close(x.grad(), ref.avg_grad, 1e-6, 1e-6);
+    }
+  }
+}
+
+TEST(AvgPool2d, CountsPaddingInTheDivisor) {
+  // A 3x3 window at the corner of a 2x2 ones image with padding 1 sees 4 ones out of 9.
+  const Tensor out = avg_pool2d(Tensor::ones({1, 1, 2, 2}), {3, 3}, {1, 1}, {1, 1});
+  expect_all_close(out, std::vector<double>(4, 4.0 / 9.0));
+}
+
+TEST(MaxPool2d, TiesGoToTheFirstMaximumAndNaNWins) {
+  Tensor x = Tensor::ones({1, 1, 2, 4});
+  x.set_requires_grad(true);
+  const Tensor out = max_pool2d(x, {2, 2});
+  EXPECT_EQ(out.shape(), (Shape{1, 1, 1, 2}));
+  out.backward(Tensor::ones({1, 1, 1, 2}));
+  expect_all_close(x.grad(), std::vector<double>{1, 0, 1, 0, 0, 0, 0, 0});
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor with_nan = Tensor::from_vector<float>({1, nan, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
+  const auto values = max_pool2d(with_nan, {2, 2}, {1, 1}).to_vector<float>();
+  EXPECT_TRUE(std::isnan(values[0]));
+  EXPECT_TRUE(std::isnan(values[1]));
+  EXPECT_EQ(values[2], 8.0f);
+  EXPECT_EQ(values[3], 9.0f);
+  // The 2x2 stride-2 path, with the NaN last in its window.
+  const auto fast = max_pool2d(Tensor::from_vector<float>({1, 2, 5, 6, 3, 4, 7, nan}, {1, 1, 2, 4}), {2, 2});
+  EXPECT_EQ(fast.to_vector<float>()[0], 4.0f);
+  EXPECT_TRUE(std::isnan(fast.to_vector<float>()[1]));
+}
+
+TEST(Pool2d, GradientsMatchFiniteDifferences) {
+  for (const PoolCase& c : kCases) {
+    Tensor x = random_f64({1, 2, c.x[2], c.x[3]}, 5);
+    x.set_requires_grad(true);
+    expect_gradients_match(
+        [&](const std::vector<Tensor>& in) { return max_pool2d(in[0], c.kernel, c.stride, c.padding); }, {x});
+    expect_gradients_match(
+        [&](const std::vector<Tensor>& in) { return avg_pool2d(in[0], c.kernel, c.stride, c.padding); }, {x});
+  }
+}
+
+TEST(Pool2d, AcceptsThreeDimensionalInput) {
+  const Tensor x = random_f64({3, 4, 4}, 6);
+  const Tensor out = max_pool2d(x, {2, 2});
+  EXPECT_EQ(out.shape(), (Shape{3, 2, 2}));
+  expect_all_close(out, max_pool2d(x.reshape({1, 3, 4, 4}), {2, 2}).reshape({3, 2, 2}), 0, 0);
+}
+
+TEST(Pool2d, RejectsBadArguments) {
+  const Tensor x = Tensor::zeros({1, 1, 4, 4});
+  EXPECT_THROW(max_pool2d(x, {5, 5}), Error);                  // kernel larger than input
+  EXPECT_NO_THROW(max_pool2d(x, {5, 5}, {1, 1}, {1, 1}));      // ... but not than padded input
+  EXPECT_THROW(max_pool2d(x, {2, 2}, {1, 1}, {2, 0}), Error);  // padding over half the kernel
+  EXPECT_THROW(avg_pool2d(x, {0, 2}), Error);
+  EXPECT_THROW(avg_pool2d(Tensor::zeros({4, 4}), {2, 2}), Error);
+  EXPECT_THROW(max_pool2d(Tensor::zeros({1, 1, 4, 4}, DType::i32), {2, 2}), Error);
+}
+
+}  // namespace
+}  // namespace lockstep
