@@ -180,7 +180,8 @@ int train_main(const std::vector<std::string>& args) {
     checkpoint.reset();
   }
   const int64_t total_steps = options.steps >= 0 ? options.steps : options.epochs * loader.batches_per_epoch();
-  const optim::Schedule lr_schedule = schedule.with_total_steps(total_steps);
+  // A schedule without an explicit length spans this run; --steps 0 takes no step to span.
+  const optim::Schedule lr_schedule = total_steps > 0 ? schedule.with_total_steps(total_steps) : schedule;
 
   const std::string out_dir = !options.out_dir.empty()      ? options.out_dir
                               : !options.resume_dir.empty() ? options.resume_dir

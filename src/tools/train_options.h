@@ -10,12 +10,12 @@ struct TrainOptions {
   std::string model = "cnn";
   int64_t epochs = 1;
   int64_t steps = -1;  // -1: epochs × batches per epoch; 0: evaluate only
-  int64_t batch_size = 64;
+  int64_t batch_size = 32;
   double lr = -1;  // -1: the optimizer's default below
   std::string optimizer = "sgd";
   double momentum = 0.9;
   double weight_decay = 0.0;
-  std::string lr_schedule = "constant";
+  std::string lr_schedule = "cosine";
   uint64_t seed = 0;
   int64_t threads = 0;  // 0: every core
   std::string data_dir;
