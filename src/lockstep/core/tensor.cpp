@@ -139,10 +139,18 @@ void strided_copy(const Tensor& src, const Tensor& dst) {
     char* d = dst_base + dst_off * static_cast<int64_t>(dst_size);
     if (same_dtype && (src_step != 0 || dst_step == 1)) {
       switch (src_size) {
-        case 1: copy_row<uint8_t>(s, src_step, d, dst_step, inner); break;
-        case 2: copy_row<uint16_t>(s, src_step, d, dst_step, inner); break;
-        case 4: copy_row<uint32_t>(s, src_step, d, dst_step, inner); break;
-        default: copy_row<uint64_t>(s, src_step, d, dst_step, inner); break;
+        case 1:
+          copy_row<uint8_t>(s, src_step, d, dst_step, inner);
+          break;
+        case 2:
+          copy_row<uint16_t>(s, src_step, d, dst_step, inner);
+          break;
+        case 4:
+          copy_row<uint32_t>(s, src_step, d, dst_step, inner);
+          break;
+        default:
+          copy_row<uint64_t>(s, src_step, d, dst_step, inner);
+          break;
       }
     } else {
       for (int64_t j = 0; j < inner; ++j)

@@ -12,8 +12,8 @@
 namespace lockstep::cpu {
 namespace {
 
-void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
@@ -47,8 +47,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
     const int64_t blocks = (m + kAlign - 1) / kAlign;
     parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
       const int64_t row = begin * kAlign, rows = std::min(m, end * kAlign) - row;
-      blas(trans_a, trans_b, rows, n, k, alpha, a + (trans_a ? row : row * lda), lda, b, ldb, beta, c + row * ldc,
-           ldc);
+      blas(trans_a, trans_b, rows, n, k, alpha, a + (trans_a ? row : row * lda), lda, b, ldb, beta, c + row * ldc, ldc);
     });
   } else {
     // Columns of C: column j of op(B) is column j of B, or row j when B is transposed.
