@@ -56,7 +56,6 @@ def main():
     try:
         import numpy as np
         import torch
-        import torch.nn as nn
         import torch.nn.functional as F
     except ImportError as e:
         print(f"SKIP cannot import torch or numpy: {e}")
@@ -67,33 +66,9 @@ def main():
         print(f"RESULT torch={torch.__version__} blas={blas_libraries()} onednn={onednn}")
         return
 
-    class CNN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 32, 3)
-            self.conv2 = nn.Conv2d(32, 64, 3)
-            self.fc1 = nn.Linear(1600, 128)
-            self.fc2 = nn.Linear(128, 10)
-
-        def forward(self, x):
-            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-            x = torch.flatten(x, 1)
-            x = F.relu(self.fc1(x))
-            return self.fc2(x)
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1 = nn.Linear(784, 512)
-            self.fc2 = nn.Linear(512, 512)
-            self.fc3 = nn.Linear(512, 10)
-
-        def forward(self, x):
-            x = torch.flatten(x, 1)
-            x = F.relu(self.fc1(x))
-            x = F.relu(self.fc2(x))
-            return self.fc3(x)
+    # The models' one definition, shared with the cross-check fixtures.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
+    from torch_models import CNN, MLP
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
