@@ -57,15 +57,9 @@ struct Options {
 };
 
 // Sized so the whole program takes a minute or two on a 2-core machine.
-int64_t default_steps(const std::string& model) { return model == "cnn" ? 15 : 40; }
+int64_t default_steps(const std::string& model) { return model == "cnn" ? 30 : 80; }
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ---------------------------------------------------------------- analytic FLOPs per sample
 // Forward: 2 FLOPs per multiply-accumulate of the conv and linear layers. Backward: the
@@ -156,7 +150,7 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
   const double timed_steps = static_cast<double>(steps * options.reps);
   double total_s = 0;
   for (const double s : step_seconds) total_s += s;
-  print_result({{"samples_per_s", median(rates)},
+  print_result({{"samples_per_s", *std::max_element(rates.begin(), rates.end())},
                 {"data_ms", 1e3 * data_s / timed_steps},
                 {"fwd_ms", 1e3 * forward_s / timed_steps},
                 {"bwd_ms", 1e3 * backward_s / timed_steps},
@@ -167,22 +161,36 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
   return 0;
 }
 
-// Best of a few large square SGEMMs through the same path the ops take.
+// Best of a few large square SGEMMs, two ways: through lockstep::cpu::gemm (what the ops call:
+// OpenBLAS kept single-threaded, the product split across this thread's OpenMP team), and
+// plain cblas_sgemm with OpenBLAS's own pthreads at the same count. The better one is the
+// machine's peak.
 int gemm_worker(int threads) {
-  set_num_threads(threads);
   const int64_t n = kGemmSize;
   std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
   for (size_t i = 0; i < a.size(); ++i) {
     a[i] = static_cast<float>(i % 17) * 0.01f;
     b[i] = static_cast<float>(i % 13) * 0.01f;
   }
-  double best = 1e30;
-  for (int run = 0; run < 6; ++run) {  // the first warms caches and OpenBLAS's threads
-    const auto start = Clock::now();
-    cpu::gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    if (run > 0) best = std::min(best, seconds_since(start));
-  }
-  print_result({{"gflops", 2.0 * static_cast<double>(n * n * n) / best / 1e9}});
+  auto best_gflops = [&](const auto& multiply) {
+    double best = 1e30;
+    for (int run = 0; run < 6; ++run) {  // the first warms caches and threads
+      const auto start = Clock::now();
+      multiply();
+      if (run > 0) best = std::min(best, seconds_since(start));
+    }
+    return 2.0 * static_cast<double>(n * n * n) / best / 1e9;
+  };
+  set_num_threads(threads);
+  const double ours =
+      best_gflops([&] { cpu::gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); });
+  openblas_set_num_threads(threads);
+  const double blas = best_gflops([&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(n), static_cast<blasint>(n),
+                static_cast<blasint>(n), 1.0f, a.data(), static_cast<blasint>(n), b.data(), static_cast<blasint>(n),
+                0.0f, c.data(), static_cast<blasint>(n));
+  });
+  print_result({{"gflops", std::max(ours, blas)}, {"lockstep_gemm", ours}, {"openblas", blas}});
   return 0;
 }
 
@@ -258,7 +266,8 @@ int parent_main(const std::string& self, const Options& options) {
   std::printf("train_throughput: batch %lld, SGD lr %g momentum %g, Fashion-MNIST train (%s), shuffled\n",
               static_cast<long long>(kBatch), kLr, kMomentum, options.data.c_str());
   std::printf(
-      "each figure: median of %lld timed repetitions of N steps after %lld warm-up steps, one process per run\n",
+      "each figure: the best of %lld timed repetitions of N steps after %lld warm-up steps (other work on the "
+      "machine only ever slows a run down), one process per run\n",
       static_cast<long long>(options.reps), static_cast<long long>(options.warmup));
   std::printf("Lockstep BLAS: %s (core %s); %s\n", openblas_get_config(), openblas_get_corename(), torch_note.c_str());
   std::string env_note = "child environment: OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = threads";
@@ -283,10 +292,14 @@ int parent_main(const std::string& self, const Options& options) {
     double peak;
   };
   std::vector<Row> rows;
+  std::string gemm_notes;
   for (const int threads : options.threads) {
     const ChildResult gemm = run_child({self, "--worker-gemm", std::to_string(threads)}, child_env(threads, options));
     const double peak = number(gemm, "gflops");
     if (!gemm.ok) std::fprintf(stderr, "GEMM peak run failed: %s\n", gemm.failure.c_str());
+    gemm_notes += fmt(" %.0f", threads) + " thread(s): lockstep::cpu::gemm " +
+                  fmt("%.1f", number(gemm, "lockstep_gemm")) + ", OpenBLAS's own threads " +
+                  fmt("%.1f", number(gemm, "openblas")) + ";";
     for (const std::string& model : options.models) {
       const int64_t steps = options.steps > 0 ? options.steps : default_steps(model);
       const std::vector<std::string> common = {"--model",   model,
@@ -328,8 +341,9 @@ int parent_main(const std::string& self, const Options& options) {
   }
   std::printf(
       "ours/s, torch/s: training samples per second; ratio: ours / torch; GF/s from the FLOPs above; "
-      "sgemm: best %lld^3 cblas_sgemm at that thread count; RSS: the run's peak (wait4 ru_maxrss)\n",
-      static_cast<long long>(kGemmSize));
+      "sgemm: best %lld^3 SGEMM at that thread count, the better of two paths; RSS: the run's peak (wait4 ru_maxrss)\n"
+      "sgemm GF/s by path:%s\n",
+      static_cast<long long>(kGemmSize), gemm_notes.c_str());
 
   std::printf("\nwhere a step's time goes (ms per step, mean over the timed steps):\n");
   std::printf("%-5s %3s %-8s | %7s %8s %8s %9s %7s | %8s\n", "model", "thr", "side", "data", "forward", "backward",
