@@ -190,7 +190,30 @@ int gemm_worker(int threads) {
                 static_cast<blasint>(n), 1.0f, a.data(), static_cast<blasint>(n), b.data(), static_cast<blasint>(n),
                 0.0f, c.data(), static_cast<blasint>(n));
   });
-  print_result({{"gflops", std::max(ours, blas)}, {"lockstep_gemm", ours}, {"openblas", blas}});
+  // The MLP's own products at batch 256, alone: forward x·Wᵀ, input gradients g·W (not for
+  // the first layer), weight gradients gᵀ·x. No training step can beat this on the same BLAS.
+  struct Product {
+    bool trans_a, trans_b;
+    int64_t m, n, k;
+  };
+  const std::vector<Product> mlp = {{false, true, kBatch, 512, 784},  {false, true, kBatch, 512, 512},
+                                    {false, true, kBatch, 10, 512},   {false, false, kBatch, 512, 10},
+                                    {false, false, kBatch, 512, 512}, {true, false, 512, 784, kBatch},
+                                    {true, false, 512, 512, kBatch},  {true, false, 10, 512, kBatch}};
+  openblas_set_num_threads(1);
+  double mlp_flops = 0, mlp_best = 1e30;
+  for (const Product& p : mlp) mlp_flops += 2.0 * static_cast<double>(p.m * p.n * p.k);
+  for (int run = 0; run < 20; ++run) {
+    const auto start = Clock::now();
+    for (const Product& p : mlp)
+      cpu::gemm<float>(p.trans_a, p.trans_b, p.m, p.n, p.k, 1.0f, a.data(), p.trans_a ? p.m : p.k, b.data(),
+                       p.trans_b ? p.k : p.n, 0.0f, c.data(), p.n);
+    if (run > 0) mlp_best = std::min(mlp_best, seconds_since(start));
+  }
+  print_result({{"gflops", std::max(ours, blas)},
+                {"lockstep_gemm", ours},
+                {"openblas", blas},
+                {"mlp_gemms", mlp_flops / mlp_best / 1e9}});
   return 0;
 }
 
@@ -297,9 +320,10 @@ int parent_main(const std::string& self, const Options& options) {
     const ChildResult gemm = run_child({self, "--worker-gemm", std::to_string(threads)}, child_env(threads, options));
     const double peak = number(gemm, "gflops");
     if (!gemm.ok) std::fprintf(stderr, "GEMM peak run failed: %s\n", gemm.failure.c_str());
-    gemm_notes += fmt(" %.0f", threads) + " thread(s): lockstep::cpu::gemm " +
+    gemm_notes += " " + std::to_string(threads) + " thread(s): lockstep::cpu::gemm " +
                   fmt("%.1f", number(gemm, "lockstep_gemm")) + ", OpenBLAS's own threads " +
-                  fmt("%.1f", number(gemm, "openblas")) + ";";
+                  fmt("%.1f", number(gemm, "openblas")) + ", the MLP's own GEMMs alone (batch " +
+                  std::to_string(kBatch) + ") " + fmt("%.1f", number(gemm, "mlp_gemms")) + ";";
     for (const std::string& model : options.models) {
       const int64_t steps = options.steps > 0 ? options.steps : default_steps(model);
       const std::vector<std::string> common = {"--model",   model,
