@@ -18,7 +18,6 @@ class ProgressBar {
   void update(int64_t step, int64_t epoch, double loss, double samples_per_second);
   // Ends the line (on a terminal) so later output starts clean.
   void finish();
-  bool interactive() const { return interactive_; }
 
   // "1:02:03" / "2:03" for seconds.
   static std::string format_duration(double seconds);
