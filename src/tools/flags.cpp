@@ -107,7 +107,9 @@ std::string Flags::usage() const {
     std::string left = "  --" + option.name;
     if (!std::holds_alternative<bool*>(option.target)) left += " VALUE";
     out << left << std::string(left.size() < 26 ? 26 - left.size() : 1, ' ') << option.help;
-    if (!option.default_text.empty()) out << " (default " << option.default_text << ")";
+    // Help that explains its own default (a computed one) is not followed by the raw value.
+    if (!option.default_text.empty() && option.help.find("(default") == std::string::npos)
+      out << " (default " << option.default_text << ")";
     out << "\n";
   }
   return out.str();

@@ -122,7 +122,7 @@ int train_main(const std::vector<std::string>& args) {
               "checkpoint.safetensors and summary.json under --out.");
   flags.add("model", &options.model, "cnn or mlp");
   flags.add("epochs", &options.epochs, "passes over the training set");
-  flags.add("steps", &options.steps, "optimizer steps to take instead of --epochs (0: only evaluate)");
+  flags.add("steps", &options.steps, "optimizer steps to take (default: --epochs worth; 0: only evaluate)");
   flags.add("batch-size", &options.batch_size, "samples per step");
   flags.add("lr", &options.lr, "learning rate (default 0.05 for sgd, 0.001 for adamw)");
   flags.add("optimizer", &options.optimizer, "sgd or adamw");
