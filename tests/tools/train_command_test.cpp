@@ -11,6 +11,8 @@
 #include <string>
 
 #include "lockstep/core/philox.h"
+#include "lockstep/io/checkpoint.h"
+#include "lockstep/io/safetensors.h"
 
 namespace lockstep {
 namespace {
@@ -141,14 +143,26 @@ TEST_F(TrainCommand, SameSeedSameWeightsOtherSeedOtherWeights) {
   EXPECT_NE(summary(root_ / "a")["weights_sha256"], summary(root_ / "c")["weights_sha256"]);
 }
 
-// --steps 0 evaluates the starting weights; --init loads them from a checkpoint's tensors
-// (the names carry a "model." prefix there, so this goes through a file written by a run).
+// --steps 0 evaluates the starting weights. Given --init with a trained run's weights under
+// PyTorch's names (the checkpoint's "model." entries, renamed), it reproduces that run's test
+// loss exactly; from the seed, it is worse.
 TEST_F(TrainCommand, StepsZeroEvaluatesInitWeights) {
   ASSERT_EQ(run(base() + " --steps 12 --out " + (root_ / "a").string()).exit_code, 0);
-  const Result fresh = run(base() + " --steps 0 --out " + (root_ / "b").string());
-  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  NamedTensors weights;
+  for (const auto& [name, tensor] : load_checkpoint((root_ / "a" / "checkpoint.safetensors").string()).tensors)
+    if (name.rfind("model.", 0) == 0) weights.emplace_back(name.substr(6), tensor);
+  ASSERT_EQ(weights.size(), 6u);  // fc1..fc3, weight and bias
+  save_safetensors((root_ / "weights.safetensors").string(), weights);
+
+  const Result loaded = run(base() + " --steps 0 --init " + (root_ / "weights.safetensors").string() + " --out " +
+                            (root_ / "b").string());
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
   EXPECT_EQ(summary(root_ / "b")["steps"], 0);
-  EXPECT_LT(summary(root_ / "b")["test_accuracy"].get<double>(), summary(root_ / "a")["test_accuracy"].get<double>());
+  EXPECT_EQ(summary(root_ / "b")["test_loss"], summary(root_ / "a")["test_loss"]);
+  EXPECT_EQ(summary(root_ / "b")["weights_sha256"], summary(root_ / "a")["weights_sha256"]);
+
+  ASSERT_EQ(run(base() + " --steps 0 --out " + (root_ / "c").string()).exit_code, 0);
+  EXPECT_GT(summary(root_ / "c")["test_loss"].get<double>(), summary(root_ / "a")["test_loss"].get<double>());
 }
 
 TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
