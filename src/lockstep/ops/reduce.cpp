@@ -130,48 +130,57 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
   return reduce_axes("mean", "MeanBackward", x, axes, keepdim, true);
 }
 
+namespace {
+
+// The largest values along one axis (when `values` is wanted) and the first position of
+// each: the shared half of max and argmax.
+struct AxisMax {
+  Tensor input;  // x, contiguous
+  AxisSplit split;
+  Tensor values;   // undefined unless wanted
+  Tensor indices;  // i64
+};
+
+AxisMax max_along(const char* op, const Tensor& x, int64_t axis, bool keepdim, bool want_values) {
+  check_input(op, x);
+  const int64_t a = checked_axis(op, axis, x);
+  AxisMax m{x.contiguous(), split_at(x, a, keepdim), {}, {}};
+  LOCKSTEP_CHECK(m.split.n > 0) << op << ": axis " << axis << " of shape " << shape_str(x.shape())
+                                << " is empty, so it has no largest value";
+  if (want_values) m.values = Tensor::empty(m.split.out_shape, x.dtype(), x.device());
+  m.indices = Tensor::empty(m.split.out_shape, DType::i64, x.device());
+  ops::dispatch_float(op, x.dtype(), [&]<typename T>() {
+    cpu::max_middle<T>(m.input.data<T>(), m.split.outer, m.split.n, m.split.inner,
+                       want_values ? m.values.data<T>() : nullptr, m.indices.data<int64_t>());
+  });
+  return m;
+}
+
+}  // namespace
+
 Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
-  check_input("max", x);
-  const int64_t a = checked_axis("max", axis, x);
-  const AxisSplit split = split_at(x, a, keepdim);
-  LOCKSTEP_CHECK(split.n > 0) << "max: axis " << axis << " of shape " << shape_str(x.shape())
-                              << " is empty, so it has no largest value";
-  const Tensor xc = x.contiguous();
-  Tensor values = Tensor::empty(split.out_shape, x.dtype(), x.device());
-  Tensor indices = Tensor::empty(split.out_shape, DType::i64, x.device());
-  ops::dispatch_float("max", x.dtype(), [&]<typename T>() {
-    cpu::max_middle<T>(xc.data<T>(), split.outer, split.n, split.inner, values.data<T>(), indices.data<int64_t>());
-  });
-  autograd::record("MaxBackward", {xc}, {values}, [indices, split, in_shape = x.shape()](const std::vector<Tensor>& g) {
-    const Tensor grad = g[0].contiguous();
-    Tensor grad_x = Tensor::zeros(in_shape, grad.dtype(), grad.device());
-    ops::dispatch_float("max", grad.dtype(), [&]<typename T>() {
-      const T* src = grad.data<T>();
-      const int64_t* index = indices.data<int64_t>();
-      T* dst = grad_x.data<T>();
-      for (int64_t o = 0; o < split.outer; ++o)
-        for (int64_t j = 0; j < split.inner; ++j) {
-          const int64_t k = o * split.inner + j;
-          dst[(o * split.n + index[k]) * split.inner + j] = src[k];
-        }
-    });
-    return std::vector<Tensor>{grad_x};
-  });
-  return values;
+  const AxisMax m = max_along("max", x, axis, keepdim, true);
+  autograd::record("MaxBackward", {m.input}, {m.values},
+                   [indices = m.indices, split = m.split, in_shape = x.shape()](const std::vector<Tensor>& g) {
+                     const Tensor grad = g[0].contiguous();
+                     Tensor grad_x = Tensor::zeros(in_shape, grad.dtype(), grad.device());
+                     ops::dispatch_float("max", grad.dtype(), [&]<typename T>() {
+                       const T* src = grad.data<T>();
+                       const int64_t* index = indices.data<int64_t>();
+                       T* dst = grad_x.data<T>();
+                       for (int64_t o = 0; o < split.outer; ++o)
+                         for (int64_t j = 0; j < split.inner; ++j) {
+                           const int64_t k = o * split.inner + j;
+                           dst[(o * split.n + index[k]) * split.inner + j] = src[k];
+                         }
+                     });
+                     return std::vector<Tensor>{grad_x};
+                   });
+  return m.values;
 }
 
 Tensor argmax(const Tensor& x, int64_t axis, bool keepdim) {
-  check_input("argmax", x);
-  const int64_t a = checked_axis("argmax", axis, x);
-  const AxisSplit split = split_at(x, a, keepdim);
-  LOCKSTEP_CHECK(split.n > 0) << "argmax: axis " << axis << " of shape " << shape_str(x.shape())
-                              << " is empty, so it has no largest value";
-  const Tensor xc = x.contiguous();
-  Tensor indices = Tensor::empty(split.out_shape, DType::i64, x.device());
-  ops::dispatch_float("argmax", x.dtype(), [&]<typename T>() {
-    cpu::max_middle<T>(xc.data<T>(), split.outer, split.n, split.inner, nullptr, indices.data<int64_t>());
-  });
-  return indices;
+  return max_along("argmax", x, axis, keepdim, false).indices;
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

@@ -41,11 +41,9 @@ void max_pool_2x2(const T* x, const Window2d& win, T* y, int32_t* argmax) {
 template <typename T>
 void max_pool_any(const T* x, const Window2d& win, T* y, int32_t* argmax) {
   for (int64_t oh = 0; oh < win.out_h; ++oh) {
-    const int64_t h0 = oh * win.stride_h - win.pad_h;
-    const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + win.kernel_h, win.in_h);
+    const auto [hs, he] = win.rows_under(oh);
     for (int64_t ow = 0; ow < win.out_w; ++ow) {
-      const int64_t w0 = ow * win.stride_w - win.pad_w;
-      const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + win.kernel_w, win.in_w);
+      const auto [ws, we] = win.cols_under(ow);
       int64_t index = hs * win.in_w + ws;
       T best = x[index];
       for (int64_t h = hs; h < he; ++h) {
@@ -101,11 +99,9 @@ void avg_pool2d_forward(const T* x, int64_t planes, const Window2d& win, T* y) {
       const T* src = x + p * win.in_plane();
       T* dst = y + p * win.out_plane();
       for (int64_t oh = 0; oh < win.out_h; ++oh) {
-        const int64_t h0 = oh * win.stride_h - win.pad_h;
-        const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + win.kernel_h, win.in_h);
+        const auto [hs, he] = win.rows_under(oh);
         for (int64_t ow = 0; ow < win.out_w; ++ow) {
-          const int64_t w0 = ow * win.stride_w - win.pad_w;
-          const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + win.kernel_w, win.in_w);
+          const auto [ws, we] = win.cols_under(ow);
           T total = 0;
           for (int64_t h = hs; h < he; ++h)
             for (int64_t w = ws; w < we; ++w) total += src[h * win.in_w + w];
@@ -125,11 +121,9 @@ void avg_pool2d_backward(const T* dy, int64_t planes, const Window2d& win, T* dx
       const T* src = dy + p * win.out_plane();
       std::fill(dst, dst + win.in_plane(), T(0));
       for (int64_t oh = 0; oh < win.out_h; ++oh) {
-        const int64_t h0 = oh * win.stride_h - win.pad_h;
-        const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + win.kernel_h, win.in_h);
+        const auto [hs, he] = win.rows_under(oh);
         for (int64_t ow = 0; ow < win.out_w; ++ow) {
-          const int64_t w0 = ow * win.stride_w - win.pad_w;
-          const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + win.kernel_w, win.in_w);
+          const auto [ws, we] = win.cols_under(ow);
           const T share = src[oh * win.out_w + ow] * scale;
           for (int64_t h = hs; h < he; ++h)
             for (int64_t w = ws; w < we; ++w) dst[h * win.in_w + w] += share;

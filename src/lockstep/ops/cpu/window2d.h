@@ -18,6 +18,19 @@ struct Window2d {
   int64_t in_plane() const { return in_h * in_w; }
   int64_t out_plane() const { return out_h * out_w; }
   int64_t kernel_area() const { return kernel_h * kernel_w; }
+
+  // The input rows [begin, end) under output row oh, and the input columns under output
+  // column ow: the window clipped to the unpadded plane.
+  struct Span {
+    int64_t begin, end;
+  };
+  Span rows_under(int64_t oh) const { return clip(oh * stride_h - pad_h, kernel_h, in_h); }
+  Span cols_under(int64_t ow) const { return clip(ow * stride_w - pad_w, kernel_w, in_w); }
+
+ private:
+  static Span clip(int64_t start, int64_t kernel, int64_t size) {
+    return {start < 0 ? 0 : start, start + kernel < size ? start + kernel : size};
+  }
 };
 
 // Output size floor((in + 2·pad - kernel) / stride) + 1 on each axis, as PyTorch (no ceil mode).
