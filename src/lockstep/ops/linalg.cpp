@@ -3,6 +3,7 @@
 #include "lockstep/autograd/node.h"
 #include "lockstep/ops/cpu/gemm.h"
 #include "lockstep/ops/dispatch.h"
+#include "lockstep/ops/reduce.h"
 
 namespace lockstep {
 namespace {
@@ -68,19 +69,6 @@ Tensor transpose_last(const Tensor& t) {
   return t.as_strided({t.size(0), t.size(2), t.size(1)}, {t.strides()[0], t.strides()[2], t.strides()[1]}, t.offset());
 }
 
-// Sums a [B, r, c] gradient over B when its input was a shared 2-D matrix.
-Tensor sum_batch(const Tensor& g) {
-  Tensor out = Tensor::zeros({g.size(1), g.size(2)}, g.dtype(), g.device());
-  ops::dispatch_float("matmul", g.dtype(), [&]<typename T>() {
-    const T* src = g.data<T>();
-    T* dst = out.data<T>();
-    const int64_t per = out.numel();
-    for (int64_t b = 0; b < g.size(0); ++b)
-      for (int64_t i = 0; i < per; ++i) dst[i] += src[b * per + i];
-  });
-  return out;
-}
-
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -112,7 +100,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                          grad_b = mm(t2(a), grad);
                        } else {
                          grad_b = bmm(transpose_last(a), grad);
-                         if (b_shared) grad_b = sum_batch(grad_b);
+                         if (b_shared) grad_b = sum_to(grad_b, b.shape());
                        }
                      }
                      return std::vector<Tensor>{grad_a, grad_b};
@@ -165,15 +153,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
           gemm_into(g2, w, grad_x.as_strided({rows, in}, {in, 1}, 0), 0.0);
         }
         if (need_w) grad_w = mm(t2(g2), x2);
-        if (need_b) {
-          grad_b = Tensor::zeros({out_features}, grad.dtype(), grad.device());
-          ops::dispatch_float("linear", grad.dtype(), [&]<typename T>() {
-            const T* src = g2.data<T>();
-            T* dst = grad_b.data<T>();
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t c = 0; c < out_features; ++c) dst[c] += src[r * out_features + c];
-          });
-        }
+        if (need_b) grad_b = sum_to(g2, {out_features});
         return std::vector<Tensor>{grad_x, grad_w, grad_b};
       });
   return out;
