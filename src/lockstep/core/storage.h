@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "lockstep/core/allocator.h"
@@ -13,7 +14,17 @@ namespace lockstep {
 class Storage {
  public:
   Storage(Device device, size_t nbytes) : device_(device), nbytes_(nbytes), data_(device_alloc(device, nbytes)) {}
-  ~Storage() { device_free(device_, data_, nbytes_); }
+  // Memory that belongs to someone else (a shared-memory segment, a cudaMalloc block):
+  // release(data) runs when the last view goes away; the device allocator never sees it.
+  Storage(Device device, size_t nbytes, void* data, std::function<void(void*)> release)
+      : device_(device), nbytes_(nbytes), data_(data), release_(std::move(release)) {}
+  ~Storage() {
+    if (release_) {
+      release_(data_);
+    } else {
+      device_free(device_, data_, nbytes_);
+    }
+  }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
@@ -25,6 +36,7 @@ class Storage {
   Device device_;
   size_t nbytes_;
   void* data_;
+  std::function<void(void*)> release_;
 };
 
 }  // namespace lockstep

@@ -9,8 +9,17 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) {
     LOCKSTEP_CHECK(d >= 0) << "negative dimension " << d << " in shape " << shape_str(shape);
   }
+  return from_storage(
+      std::make_shared<Storage>(device, static_cast<size_t>(lockstep::numel(shape)) * dtype_size(dtype)), shape, dtype);
+}
+
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
+  const size_t needed = static_cast<size_t>(lockstep::numel(shape)) * dtype_size(dtype);
+  LOCKSTEP_CHECK(storage->nbytes() >= needed)
+      << "a " << shape_str(shape) << " " << dtype_name(dtype) << " tensor needs " << needed
+      << " bytes; the storage has " << storage->nbytes();
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(device, static_cast<size_t>(lockstep::numel(shape)) * dtype_size(dtype));
+  impl->storage = std::move(storage);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -48,6 +48,8 @@ class Tensor {
   static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor scalar(double value, DType dtype = DType::f32, Device device = Device::cpu());
+  // A contiguous tensor over existing bytes (see Storage's external-memory constructor).
+  static Tensor from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu());
 
