@@ -1,0 +1,228 @@
+#include "lockstep/comm/communicator.h"
+
+#include <cstdlib>
+
+#include "lockstep/comm/tree_reduce.h"
+
+namespace lockstep::comm {
+
+std::chrono::milliseconds default_timeout() {
+  if (const char* text = std::getenv("LOCKSTEP_COMM_TIMEOUT")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    LOCKSTEP_CHECK(end != text && *end == '\0' && seconds > 0)
+        << "LOCKSTEP_COMM_TIMEOUT must be a positive number of seconds, got '" << text << "'";
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  return std::chrono::minutes(5);
+}
+
+Communicator::Communicator(int rank, int size) : rank_(rank), size_(size), timeout_(default_timeout()) {
+  LOCKSTEP_CHECK(size >= 1 && rank >= 0 && rank < size) << "rank " << rank << " is outside a group of " << size;
+}
+
+Communicator::~Communicator() { stop_worker(); }
+
+void Communicator::stop_worker() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  for (Lane& lane : lanes_) {
+    lane.changed.notify_all();
+    if (lane.worker.joinable()) lane.worker.join();
+  }
+}
+
+namespace {
+
+void check_contiguous(const Tensor& t, const char* what, const char* call) {
+  LOCKSTEP_CHECK(t.defined()) << call << ": the " << what << " tensor is undefined";
+  LOCKSTEP_CHECK(t.is_contiguous()) << call << ": the " << what
+                                    << " tensor must be contiguous (its bytes are sent as they lie); call "
+                                       ".contiguous() first";
+}
+
+void check_peer(int peer, int size, const char* call) {
+  LOCKSTEP_CHECK(peer >= 0 && peer < size)
+      << call << ": rank " << peer << " is outside this group of " << size << " ranks (0.." << size - 1 << ")";
+}
+
+}  // namespace
+
+CollectiveDesc Communicator::next_desc(CollectiveKind kind, const Tensor* tensor, int64_t count, ReduceOp op,
+                                       int root) {
+  CollectiveDesc desc;
+  desc.sequence = ++sequence_;
+  desc.kind = kind;
+  desc.count = count;
+  desc.dtype = tensor ? tensor->dtype() : DType::f32;
+  desc.op = op;
+  desc.root = root;
+  return desc;
+}
+
+void Communicator::guarded(const std::function<void()>& body) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!failure_.empty()) throw CommError("this communicator failed earlier and cannot be used: " + failure_);
+  }
+  try {
+    body();
+  } catch (const std::exception& error) {
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = error.what();
+    throw;
+  }
+}
+
+void Communicator::run_sync(LaneId id, const std::function<void()>& body) {
+  std::shared_future<void> pending;
+  {
+    std::lock_guard lock(mutex_);
+    pending = lanes_[id].last;
+  }
+  // Earlier async calls of the lane run first; their errors belong to their own handles.
+  if (pending.valid()) pending.wait();
+  guarded(body);
+}
+
+Work Communicator::run_async(LaneId id, std::function<void()> body) {
+  std::packaged_task<void()> task([this, body = std::move(body)] { guarded(body); });
+  std::shared_future<void> future = task.get_future().share();
+  Lane& lane = lanes_[id];
+  {
+    std::lock_guard lock(mutex_);
+    if (!lane.worker.joinable()) lane.worker = std::thread([this, &lane] { worker_loop(lane); });
+    lane.queue.push_back(std::move(task));
+    lane.last = future;
+  }
+  lane.changed.notify_one();
+  return Work(future);
+}
+
+void Communicator::worker_loop(Lane& lane) {
+  for (;;) {
+    std::packaged_task<void()> task;
+    {
+      std::unique_lock lock(mutex_);
+      lane.changed.wait(lock, [&] { return stopping_ || !lane.queue.empty(); });
+      if (lane.queue.empty()) return;  // stopping, and everything queued has run
+      task = std::move(lane.queue.front());
+      lane.queue.pop_front();
+    }
+    task();
+  }
+}
+
+// ---- the calls: check locally, describe for the cross-rank check, run ----
+
+std::function<void()> Communicator::prepare_all_reduce(const Tensor& tensor, ReduceOp op) {
+  check_contiguous(tensor, "in-place", "all_reduce");
+  check_reducible(tensor.dtype(), op);
+  const CollectiveDesc desc = next_desc(CollectiveKind::all_reduce, &tensor, tensor.numel(), op, 0);
+  return [this, tensor, desc] { do_all_reduce(tensor, desc); };
+}
+
+std::function<void()> Communicator::prepare_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) {
+  check_contiguous(input, "input", "reduce_scatter");
+  check_contiguous(output, "output", "reduce_scatter");
+  LOCKSTEP_CHECK(input.dtype() == output.dtype())
+      << "reduce_scatter: input is " << dtype_name(input.dtype()) << " but output is " << dtype_name(output.dtype());
+  LOCKSTEP_CHECK(input.numel() == output.numel() * size())
+      << "reduce_scatter: input has " << input.numel() << " elements, output " << output.numel()
+      << "; input must hold one output-sized slice per rank (" << size() << " x " << output.numel() << " = "
+      << output.numel() * size() << ")";
+  check_reducible(input.dtype(), op);
+  const CollectiveDesc desc = next_desc(CollectiveKind::reduce_scatter, &input, output.numel(), op, 0);
+  return [this, input, output, desc] { do_reduce_scatter(input, output, desc); };
+}
+
+std::function<void()> Communicator::prepare_all_gather(const Tensor& input, const Tensor& output) {
+  check_contiguous(input, "input", "all_gather");
+  check_contiguous(output, "output", "all_gather");
+  LOCKSTEP_CHECK(input.dtype() == output.dtype())
+      << "all_gather: input is " << dtype_name(input.dtype()) << " but output is " << dtype_name(output.dtype());
+  LOCKSTEP_CHECK(output.numel() == input.numel() * size())
+      << "all_gather: input has " << input.numel() << " elements, output " << output.numel()
+      << "; output must hold one input-sized slice per rank (" << size() << " x " << input.numel() << " = "
+      << input.numel() * size() << ")";
+  const CollectiveDesc desc = next_desc(CollectiveKind::all_gather, &input, input.numel(), ReduceOp::sum, 0);
+  return [this, input, output, desc] { do_all_gather(input, output, desc); };
+}
+
+std::function<void()> Communicator::prepare_broadcast(const Tensor& tensor, int root) {
+  check_contiguous(tensor, "in-place", "broadcast");
+  check_peer(root, size(), "broadcast");
+  const CollectiveDesc desc = next_desc(CollectiveKind::broadcast, &tensor, tensor.numel(), ReduceOp::sum, root);
+  return [this, tensor, desc] { do_broadcast(tensor, desc); };
+}
+
+std::function<void()> Communicator::prepare_send(const Tensor& tensor, int peer, int tag) {
+  check_contiguous(tensor, "sent", "send");
+  check_peer(peer, size(), "send");
+  LOCKSTEP_CHECK(peer != rank()) << "send: rank " << rank() << " cannot send to itself";
+  return [this, tensor, peer, tag] { do_send(tensor, peer, tag); };
+}
+
+std::function<void()> Communicator::prepare_recv(const Tensor& tensor, int peer, int tag) {
+  check_contiguous(tensor, "receiving", "recv");
+  check_peer(peer, size(), "recv");
+  LOCKSTEP_CHECK(peer != rank()) << "recv: rank " << rank() << " cannot receive from itself";
+  return [this, tensor, peer, tag] { do_recv(tensor, peer, tag); };
+}
+
+void Communicator::all_reduce(const Tensor& tensor, ReduceOp op) {
+  run_sync(kCollectives, prepare_all_reduce(tensor, op));
+}
+void Communicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) {
+  run_sync(kCollectives, prepare_reduce_scatter(input, output, op));
+}
+void Communicator::all_gather(const Tensor& input, const Tensor& output) {
+  run_sync(kCollectives, prepare_all_gather(input, output));
+}
+void Communicator::broadcast(const Tensor& tensor, int root) {
+  run_sync(kCollectives, prepare_broadcast(tensor, root));
+}
+void Communicator::send(const Tensor& tensor, int peer, int tag) { run_sync(kSends, prepare_send(tensor, peer, tag)); }
+void Communicator::recv(const Tensor& tensor, int peer, int tag) {
+  run_sync(kReceives, prepare_recv(tensor, peer, tag));
+}
+
+Work Communicator::all_reduce_async(const Tensor& tensor, ReduceOp op) {
+  return run_async(kCollectives, prepare_all_reduce(tensor, op));
+}
+Work Communicator::reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceOp op) {
+  return run_async(kCollectives, prepare_reduce_scatter(input, output, op));
+}
+Work Communicator::all_gather_async(const Tensor& input, const Tensor& output) {
+  return run_async(kCollectives, prepare_all_gather(input, output));
+}
+Work Communicator::broadcast_async(const Tensor& tensor, int root) {
+  return run_async(kCollectives, prepare_broadcast(tensor, root));
+}
+Work Communicator::send_async(const Tensor& tensor, int peer, int tag) {
+  return run_async(kSends, prepare_send(tensor, peer, tag));
+}
+Work Communicator::recv_async(const Tensor& tensor, int peer, int tag) {
+  return run_async(kReceives, prepare_recv(tensor, peer, tag));
+}
+
+void Communicator::barrier() {
+  const CollectiveDesc desc = next_desc(CollectiveKind::barrier, nullptr, 0, ReduceOp::sum, 0);
+  run_sync(kCollectives, [this, desc] { do_barrier(desc); });
+}
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+  const CollectiveDesc desc = next_desc(CollectiveKind::split, nullptr, 0, ReduceOp::sum, 0);
+  std::shared_ptr<Communicator> result;
+  run_sync(kCollectives, [&] { result = do_split(color, key, desc); });
+  if (result) result->set_timeout(timeout_);
+  return result;
+}
+
+Tensor Communicator::empty_shared(const Shape& shape, DType dtype, Device device) {
+  return Tensor::empty(shape, dtype, device);
+}
+
+}  // namespace lockstep::comm
