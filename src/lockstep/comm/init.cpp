@@ -1,0 +1,58 @@
+#include "lockstep/comm/init.h"
+
+#include "lockstep/comm/launch_env.h"
+#include "lockstep/comm/shm_communicator.h"
+#if LOCKSTEP_HAVE_MPI
+#include "lockstep/comm/mpi_communicator.h"
+#endif
+
+namespace lockstep::comm {
+namespace {
+
+#if LOCKSTEP_HAVE_MPI
+constexpr bool kHaveMpi = true;
+#else
+constexpr bool kHaveMpi = false;
+#endif
+#if LOCKSTEP_HAVE_NCCL
+constexpr bool kHaveNccl = true;
+#else
+constexpr bool kHaveNccl = false;
+#endif
+
+}  // namespace
+
+bool backend_available(const std::string& backend) {
+  if (backend == "local" || backend == "shm") return true;
+  if (backend == "mpi") return kHaveMpi;
+  if (backend == "nccl") return kHaveNccl;
+  return false;
+}
+
+std::shared_ptr<Communicator> init_process_group(const std::string& requested, std::chrono::milliseconds timeout) {
+  LOCKSTEP_CHECK(requested == "auto" || requested == "shm" || requested == "mpi")
+      << "unknown process-group backend '" << requested << "': use auto, shm or mpi";
+  const LaunchInfo info = launch_info_from_env();
+  std::string backend = requested;
+  if (backend == "auto") backend = info.local_world_size < info.world_size ? "mpi" : "shm";
+  if (backend == "mpi") {
+#if LOCKSTEP_HAVE_MPI
+    std::shared_ptr<Communicator> world = MpiCommunicator::create_world();
+    LOCKSTEP_CHECK(world->size() == info.world_size && world->rank() == info.rank)
+        << "MPI says rank " << world->rank() << " of " << world->size() << " but the environment (" << info.launcher
+        << ") says rank " << info.rank << " of " << info.world_size << "; start the job with mpirun or srun";
+    world->set_timeout(timeout);
+    return world;
+#else
+    LOCKSTEP_FAIL() << "this build has no MPI backend (libopenmpi-dev was not found when it was configured); "
+                       "install it with scripts/install-deps and rebuild, or use --backend shm on one host";
+#endif
+  }
+  LOCKSTEP_CHECK(info.local_world_size == info.world_size)
+      << "the shm backend connects processes of one host, but this job has " << info.world_size << " ranks and "
+      << info.local_world_size << " on this host; use the mpi backend";
+  return ShmCommunicator::create(rendezvous_store(info, timeout), "lockstep/world", info.rank, info.world_size,
+                                 timeout);
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,117 @@
+// The local backend: ranks as threads. The conformance suite on world sizes 1 to 8, then
+// the failure paths: a mismatch named on every rank, a rank that never arrives, a rank
+// that leaves.
+#include "lockstep/comm/local_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "comm/conformance.h"
+
+namespace lockstep::comm {
+namespace {
+
+// Runs body(comm) on one thread per rank of a new local group.
+template <typename Body>
+void run_ranks(int size, Body body) {
+  std::vector<std::shared_ptr<Communicator>> comms = LocalCommunicator::create_group(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] { body(*comms[r]); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+class LocalConformance : public ::testing::TestWithParam<int> {};
+
+TEST_P(LocalConformance, AllCollectives) {
+  run_ranks(GetParam(), [](Communicator& comm) { testing::run_conformance(comm); });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, LocalConformance, ::testing::Range(1, 9),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(LocalCommunicator, MismatchIsNamedOnEveryRank) {
+  run_ranks(3, [](Communicator& comm) { testing::check_mismatch_is_named(comm); });
+}
+
+TEST(LocalCommunicator, FailedCommunicatorRefusesLaterCalls) {
+  run_ranks(2, [](Communicator& comm) {
+    testing::check_mismatch_is_named(comm);
+    Tensor t = Tensor::zeros({4});
+    EXPECT_THROW(comm.all_reduce(t), CommError);
+  });
+}
+
+TEST(LocalCommunicator, MissingRankTimesOutNamingIt) {
+  std::vector<std::shared_ptr<Communicator>> comms = LocalCommunicator::create_group(3);
+  std::string errors[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      comms[r]->set_timeout(std::chrono::milliseconds(300));
+      Tensor t = Tensor::ones({100});
+      try {
+        comms[r]->all_reduce(t);
+      } catch (const CommError& error) {
+        errors[r] = error.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Whoever timed out first names rank 2; the other may instead report that rank failing.
+  bool named = false;
+  for (const std::string& e : errors) {
+    ASSERT_FALSE(e.empty());
+    EXPECT_NE(e.find("all_reduce #1"), std::string::npos) << e;
+    named = named || e.find("for rank 2 of 3") != std::string::npos || e.find("ranks 2 of 3") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << errors[0] << "\n" << errors[1];
+}
+
+TEST(LocalCommunicator, RankThatLeavesFailsThePeersAtOnce) {
+  std::vector<std::shared_ptr<Communicator>> comms = LocalCommunicator::create_group(2);
+  comms[0]->set_timeout(std::chrono::minutes(5));  // the failure must not wait for this
+  std::thread leaver([&] { comms[1].reset(); });
+  Tensor t = Tensor::ones({100});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    comms[0]->all_reduce(t);
+    ADD_FAILURE() << "all_reduce with a departed rank returned";
+  } catch (const CommError& error) {
+    EXPECT_NE(std::string(error.what()).find("rank 1 of 2 left the group"), std::string::npos) << error.what();
+  }
+  leaver.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::minutes(1));
+}
+
+TEST(LocalCommunicator, RecvChecksTheSendersTagAndSize) {
+  run_ranks(2, [](Communicator& comm) {
+    if (comm.rank() == 0) {
+      comm.send(Tensor::ones({5}), 1, 3);
+    } else {
+      Tensor t = Tensor::zeros({6});
+      try {
+        comm.recv(t, 0, 3);
+        ADD_FAILURE() << "recv of the wrong size succeeded";
+      } catch (const CommError& error) {
+        EXPECT_NE(std::string(error.what()).find("rank 0 sent tag 3, 5 f32"), std::string::npos) << error.what();
+      }
+    }
+  });
+}
+
+TEST(LocalCommunicator, RejectsBadArgumentsBeforeCommunicating) {
+  std::vector<std::shared_ptr<Communicator>> comms = LocalCommunicator::create_group(2);
+  Communicator& comm = *comms[0];
+  Tensor strided = Tensor::zeros({4, 4}).as_strided({4}, {4}, 0);
+  EXPECT_THROW(comm.all_reduce(strided), Error);
+  EXPECT_THROW(comm.broadcast(Tensor::zeros({3}), 2), Error);
+  EXPECT_THROW(comm.send(Tensor::zeros({3}), 0), Error);
+  EXPECT_THROW(comm.all_reduce(Tensor::zeros({3}, DType::u8)), Error);
+  EXPECT_THROW(comm.all_gather(Tensor::zeros({3}), Tensor::zeros({5})), Error);
+}
+
+}  // namespace
+}  // namespace lockstep::comm
