@@ -15,6 +15,7 @@ void print_usage(FILE* out) {
                "\n"
                "commands:\n"
                "  train     train a model (Fashion-MNIST CNN by default); see 'lockstep train --help'\n"
+               "  bench     benchmarks beside their references; 'lockstep bench collectives --help'\n"
                "  version   print the version\n");
 }
 
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (command == "train") return lockstep::tools::train_main(args);
+    if (command == "bench") return lockstep::tools::bench_main(args);
     if (command == "version" || command == "--version") {
       std::printf("lockstep %s\n", LOCKSTEP_VERSION);
       return 0;
