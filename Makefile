@@ -1,5 +1,5 @@
 # The two commands: `make run` and `make test`. Plain `make` builds build/bin/lockstep.
-.PHONY: all build deps run test test-release test-asan clang clean
+.PHONY: all build deps run test test-release test-asan test-tsan clang clean
 
 JOBS ?= $(shell nproc)
 
@@ -26,9 +26,14 @@ test-asan:
 	cmake --build build-asan -j $(JOBS)
 	ctest --preset asan
 
+test-tsan:
+	@[ -f build-tsan/build.ninja ] || cmake --preset tsan
+	cmake --build build-tsan -j $(JOBS) --target lockstep_tests
+	ctest --preset tsan
+
 clang:
 	@[ -f build-clang/build.ninja ] || cmake --preset clang
 	cmake --build build-clang -j $(JOBS)
 
 clean:
-	rm -rf build build-asan build-clang
+	rm -rf build build-asan build-tsan build-clang
