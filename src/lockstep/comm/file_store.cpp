@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "lockstep/comm/communicator.h"
+#include "lockstep/core/file_descriptor.h"
 
 namespace lockstep::comm {
 
@@ -28,21 +29,6 @@ constexpr const char* kTempPrefix = "tmp-";
 constexpr const char* kLockName = "lock";
 
 bool starts_with(const char* name, const char* prefix) { return std::strncmp(name, prefix, std::strlen(prefix)) == 0; }
-
-// Closes on scope exit; closing also drops an flock.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // The file's bytes, or nothing when it does not exist.
 std::optional<std::string> read_file(const std::string& path) {

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "lockstep/core/file_descriptor.h"
+
 namespace lockstep {
 
 static_assert(std::endian::native == std::endian::little,
@@ -23,27 +25,6 @@ using Json = nlohmann::ordered_json;
 
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8};
-
-// Closes the descriptor however the scope ends.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return fd_; }
-  // Closing can report a deferred write error, so the writer checks it.
-  int release_and_close() {
-    const int result = ::close(fd_);
-    fd_ = -1;
-    return result;
-  }
-
- private:
-  int fd_;
-};
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
