@@ -29,6 +29,18 @@ TEST_P(LocalConformance, AllCollectives) {
   run_ranks(GetParam(), [](Communicator& comm) { testing::run_conformance(comm); });
 }
 
+// Both all_reduce algorithms on every size: each rank folding everything, and one slice
+// per rank (slices of a few elements, many of them empty).
+TEST(LocalCommunicator, EitherAllReduceAlgorithmOnEverySize) {
+  for (size_t direct_bytes : {size_t{0}, size_t{1} << 40}) {
+    run_ranks(5, [&](Communicator& comm) {
+      dynamic_cast<OneHostCommunicator&>(comm).set_direct_all_reduce_bytes(direct_bytes);
+      testing::check_all_reduce_exact(comm);
+      testing::check_all_reduce_tree_order(comm);
+    });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, LocalConformance, ::testing::Range(1, 9),
                          [](const auto& info) { return "ranks" + std::to_string(info.param); });
 
@@ -98,6 +110,23 @@ TEST(LocalCommunicator, RecvChecksTheSendersTagAndSize) {
       } catch (const CommError& error) {
         EXPECT_NE(std::string(error.what()).find("rank 0 sent tag 3, 5 f32"), std::string::npos) << error.what();
       }
+    }
+  });
+}
+
+TEST(LocalCommunicator, DeviceTensorOnOneRankFailsEveryRank) {
+  run_ranks(2, [](Communicator& comm) {
+    comm.set_timeout(std::chrono::minutes(5));  // the failure must not wait for this
+    float fake_device_memory[4] = {};
+    Tensor t = comm.rank() == 1 ? Tensor::from_storage(std::make_shared<Storage>(Device(DeviceType::cuda, 0), 16,
+                                                                                 fake_device_memory, [](void*) {}),
+                                                       {4}, DType::f32)
+                                : Tensor::zeros({4});
+    try {
+      comm.all_reduce(t);
+      ADD_FAILURE() << "all_reduce of a cuda tensor on a host backend returned";
+    } catch (const CommError& error) {
+      EXPECT_NE(std::string(error.what()).find("rank 1 passed a tensor on cuda:0"), std::string::npos) << error.what();
     }
   });
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -34,8 +35,22 @@ double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.cou
 
 }  // namespace
 
+namespace {
+
+size_t direct_bytes_from_env() {
+  const char* text = std::getenv("LOCKSTEP_DIRECT_ALLREDUCE_BYTES");
+  if (!text) return kDirectAllReduceBytes;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  LOCKSTEP_CHECK(end != text && *end == '\0' && value >= 0)
+      << "LOCKSTEP_DIRECT_ALLREDUCE_BYTES must be a byte count, got '" << text << "'";
+  return static_cast<size_t>(value);
+}
+
+}  // namespace
+
 OneHostCommunicator::OneHostCommunicator(int rank, int size, void* control)
-    : Communicator(rank, size), layout_(size), control_(control) {}
+    : Communicator(rank, size), layout_(size), control_(control), direct_bytes_(direct_bytes_from_env()) {}
 
 OneHostCommunicator::~OneHostCommunicator() = default;
 
@@ -169,9 +184,17 @@ size_t OneHostCommunicator::piece_elements(DType dtype, int64_t per_element_mult
 
 // ---- collectives ----
 
+void OneHostCommunicator::require_host_memory(const Tensor& tensor, const std::string& call) {
+  if (tensor.device().is_cpu()) return;
+  // Failing through the slot tells the peers at once instead of at their timeout.
+  fail(call + ": rank " + std::to_string(rank()) + " passed a tensor on " + tensor.device().str() + "; the " +
+       backend() + " backend moves host memory: use CPU tensors, or the nccl backend for CUDA ones");
+}
+
 void OneHostCommunicator::do_barrier(const CollectiveDesc& desc) { enter(desc, BufferRef(), true); }
 
 void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc& desc) {
+  require_host_memory(tensor, describe(desc));
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -186,7 +209,7 @@ void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDe
     enter(desc, ref, start == 0);
     std::vector<void*> buffers(size());
     for (int q = 0; q < size(); ++q) buffers[q] = q == rank() ? buffer : resolve(q, post_of(q).buffer);
-    if (bytes <= kDirectAllReduceBytes) {
+    if (bytes <= direct_bytes_) {
       // Every rank folds everything; it writes only its own buffer, after all have read.
       std::vector<char> result(bytes);
       tree_reduce(buffers.data(), size(), result.data(), n, desc.dtype, desc.op);
@@ -209,6 +232,8 @@ void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDe
 }
 
 void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
+  require_host_memory(input, describe(desc));
+  require_host_memory(output, describe(desc));
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;  // per rank
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, size()));
@@ -245,6 +270,8 @@ void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& o
 }
 
 void OneHostCommunicator::do_all_gather(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
+  require_host_memory(input, describe(desc));
+  require_host_memory(output, describe(desc));
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;  // per rank
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -267,6 +294,7 @@ void OneHostCommunicator::do_all_gather(const Tensor& input, const Tensor& outpu
 }
 
 void OneHostCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& desc) {
+  require_host_memory(tensor, describe(desc));
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -311,6 +339,7 @@ std::shared_ptr<Communicator> OneHostCommunicator::do_split(int color, int key, 
 // ---- point to point: one mailbox per direction, filled and drained a chunk at a time ----
 
 void OneHostCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
+  require_host_memory(tensor, "send to rank " + std::to_string(peer));
   Channel* channel = layout_.channel(control_, rank(), peer);
   char* area = layout_.channel_data(control_, rank(), peer);
   const char* data = static_cast<const char*>(tensor.raw_data());
@@ -335,6 +364,7 @@ void OneHostCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
 }
 
 void OneHostCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
+  require_host_memory(tensor, "recv from rank " + std::to_string(peer));
   Channel* channel = layout_.channel(control_, peer, rank());
   const char* area = layout_.channel_data(control_, peer, rank());
   char* data = static_cast<char*>(tensor.raw_data());

@@ -17,12 +17,17 @@
 namespace lockstep::comm {
 
 // Where all_reduce switches from every rank folding everything to one slice per rank
-// (measured by `lockstep bench collectives`; see docs/architecture.md).
+// (measured by `lockstep bench collectives`; see docs/architecture.md). The environment
+// variable LOCKSTEP_DIRECT_ALLREDUCE_BYTES overrides it, to measure the crossover again.
 constexpr size_t kDirectAllReduceBytes = size_t{16} << 10;
 
 class OneHostCommunicator : public Communicator {
  public:
   ~OneHostCommunicator() override;
+
+  // The all_reduce size (bytes) up to which every rank folds the whole buffer. Every rank
+  // of the group must use the same value.
+  void set_direct_all_reduce_bytes(size_t bytes) { direct_bytes_ = bytes; }
 
  protected:
   // control: the group's control block, laid out by GroupLayout(size) and already
@@ -70,6 +75,7 @@ class OneHostCommunicator : public Communicator {
   void do_barrier(const CollectiveDesc& desc) override;
   std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveDesc& desc) override;
 
+  void require_host_memory(const Tensor& tensor, const std::string& call);
   // Enters a collective: posts desc and buffer, waits for all, checks that they agree.
   void enter(const CollectiveDesc& desc, const BufferRef& buffer, bool first_piece);
   // Publishes [data, data + bytes): directly, or through staging (copying it in when
@@ -86,6 +92,7 @@ class OneHostCommunicator : public Communicator {
   uint64_t generation_ = 0;   // barriers so far (collectives lane only)
   std::string current_call_;  // the collective in progress, for error messages
   std::atomic<bool> marked_{false};
+  size_t direct_bytes_;
 };
 
 }  // namespace lockstep::comm
