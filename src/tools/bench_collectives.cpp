@@ -317,8 +317,18 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
     throw UsageError("this build has no MPI: install libopenmpi-dev (scripts/install-deps) and rebuild");
   }
   const int ranks = static_cast<int>(o.ranks > 0 ? o.ranks : host_cores());
-  parse_dtype(o.datatype);
-  comm::parse_reduce_op(o.op);
+  // Every setting is checked here, before any rank starts.
+  try {
+    parse_dtype(o.datatype);
+    comm::parse_reduce_op(o.op);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  collectives_of(o.collective);
+  sizes_of(o, ranks);
+  parse_bytes(o.update_bytes, "update-bytes");
 
   if (o.mpi_reference_only) {
     const std::vector<Row> rows = measure_mpi_only(o, comm::launch_info_from_env().world_size);
@@ -331,17 +341,25 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
     std::vector<Row> rows;
     double update_bw = 0;
     std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(ranks);
     for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
-        double bw = 0;
-        std::vector<Row> mine = measure(*comms[r], o, false, &bw);
-        if (r == 0) {
-          rows = std::move(mine);
-          update_bw = bw;
+        try {
+          double bw = 0;
+          std::vector<Row> mine = measure(*comms[r], o, false, &bw);
+          if (r == 0) {
+            rows = std::move(mine);
+            update_bw = bw;
+          }
+        } catch (...) {
+          errors[r] = std::current_exception();
         }
       });
     }
     for (auto& t : threads) t.join();
+    for (const std::exception_ptr& error : errors) {
+      if (error) std::rethrow_exception(error);
+    }
     if (!o.compare.empty()) {
       const std::vector<Row> reference = mpi_reference_rows(ranks, raw_args);
       for (Row& row : rows) {

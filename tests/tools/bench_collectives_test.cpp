@@ -38,8 +38,7 @@ Result run(const std::string& arguments) {
 
 bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
 
-void expect_rows_correct(const Result& result, const std::vector<std::string>& collectives, int ranks,
-                         size_t sizes) {
+void expect_rows_correct(const Result& result, const std::vector<std::string>& collectives, int ranks, size_t sizes) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   ASSERT_EQ(result.rows.size(), collectives.size() * sizes) << result.output;
   for (const nlohmann::json& row : result.rows) {
@@ -91,8 +90,8 @@ TEST(BenchCollectives, LocalWithMpiComparisonRunsMpiInAChildJob) {
 }
 
 TEST(BenchCollectives, BadFlagsAreUsageErrors) {
-  for (const char* args : {"--backend tcp", "-b 4Q", "-b 8K -e 4K", "--collective all_to_all", "-f 1",
-                           "--compare nccl", "-d q8"}) {
+  for (const char* args :
+       {"--backend tcp", "-b 4Q", "-b 8K -e 4K", "--collective all_to_all", "-f 1", "--compare nccl", "-d q8"}) {
     const Result result = run(args);
     EXPECT_EQ(result.exit_code, 2) << args << "\n" << result.output;
     EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << args << "\n" << result.output;
