@@ -49,5 +49,12 @@ TEST(DType, ParseNamesAndRejectsUnknown) {
   EXPECT_THROW(parse_dtype("float8"), Error);
 }
 
+// An empty tensor may own no bytes at all; converting none of them must not touch them
+// (memcpy with a null pointer is undefined even for zero bytes: UBSan catches it).
+TEST(ConvertElements, NothingToConvertFromOrToNull) {
+  convert_elements(nullptr, DType::f32, nullptr, DType::f32, 0);
+  convert_elements(nullptr, DType::bf16, nullptr, DType::f64, 0);
+}
+
 }  // namespace
 }  // namespace lockstep

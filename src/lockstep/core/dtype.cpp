@@ -181,6 +181,7 @@ void convert_to(const void* src, DType src_dtype, Dst* dst, int64_t n) {
 }  // namespace
 
 void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  if (n <= 0) return;  // empty tensors may have no bytes at all (nullptr), which memcpy must not see
   if (src_dtype == dst_dtype) {
     std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(src_dtype));
     return;
