@@ -80,9 +80,8 @@ void OneHostCommunicator::fail(const std::string& message) {
 
 // Spins briefly (the peer is usually a few microseconds away), then yields the core: ranks
 // may outnumber cores. Every few milliseconds: is the peer gone, has the deadline passed?
-template <typename Ready>
-void OneHostCommunicator::wait_for(Ready ready, int peer, const std::string& what,
-                                   const std::function<std::vector<int>()>& missing) {
+template <typename Ready, typename Call>
+void OneHostCommunicator::wait_for(Ready ready, int peer, Call call, const std::function<std::vector<int>()>& missing) {
   for (int i = 0; i < 2000; ++i) {
     if (ready()) return;
     cpu_relax();
@@ -101,11 +100,11 @@ void OneHostCommunicator::wait_for(Ready ready, int peer, const std::string& wha
     const RankSlot* other = slot(peer);
     const auto state = static_cast<RankState>(other->state.load(std::memory_order_acquire));
     if (state == RankState::alive) {
-      check_alive(peer, what);
+      check_alive(peer, call());
     } else {
       if (ready()) return;  // it finished this call before it went
       std::ostringstream message;
-      message << what << ": rank " << peer << " of " << size()
+      message << call() << ": rank " << peer << " of " << size()
               << (state == RankState::left ? " left the group (its communicator was destroyed) before joining"
                                            : " failed");
       if (other->failure[0] != '\0') message << ": " << other->failure;
@@ -114,7 +113,7 @@ void OneHostCommunicator::wait_for(Ready ready, int peer, const std::string& wha
     if (now > deadline) {
       const std::vector<int> peers = missing ? missing() : std::vector<int>{peer};
       std::ostringstream message;
-      message << what << ": rank " << rank() << " waited " << seconds(timeout()) << " s for ";
+      message << call() << ": rank " << rank() << " waited " << seconds(timeout()) << " s for ";
       if (peers.size() == 1) {
         message << "rank " << peers[0];
       } else {
@@ -138,29 +137,31 @@ void OneHostCommunicator::arrive_and_wait(const Post& post) {
     auto arrived = [&] { return other->arrived.load(std::memory_order_acquire) >= generation; };
     if (arrived()) continue;
     // A timeout names every missing rank, not only the first one waited for.
-    wait_for(arrived, peer, current_call_, [&] {
-      std::vector<int> missing;
-      for (int q = 0; q < size(); ++q) {
-        if (q != rank() && slot(q)->arrived.load(std::memory_order_acquire) < generation) missing.push_back(q);
-      }
-      return missing;
-    });
+    wait_for(
+        arrived, peer, [&] { return describe(current_desc_); },
+        [&] {
+          std::vector<int> missing;
+          for (int q = 0; q < size(); ++q) {
+            if (q != rank() && slot(q)->arrived.load(std::memory_order_acquire) < generation) missing.push_back(q);
+          }
+          return missing;
+        });
   }
 }
 
 const Post& OneHostCommunicator::post_of(int peer) const { return slot(peer)->posts[generation_ & 1]; }
 
 void OneHostCommunicator::enter(const CollectiveDesc& desc, const BufferRef& buffer, bool first_piece) {
-  current_call_ = describe(desc);
+  current_desc_ = desc;
   Post post;
   post.desc = desc;
   post.buffer = buffer;
   arrive_and_wait(post);
   if (!first_piece) return;
-  std::vector<CollectiveDesc> descs(size());
-  for (int r = 0; r < size(); ++r) descs[r] = post_of(r).desc;
+  descs_.resize(size());
+  for (int r = 0; r < size(); ++r) descs_[r] = post_of(r).desc;
   try {
-    check_same_on_all_ranks(descs.data(), size());
+    check_same_on_all_ranks(descs_.data(), size());
   } catch (const Error& error) {
     mark(RankState::failed, error.what());
     throw;
@@ -184,17 +185,18 @@ size_t OneHostCommunicator::piece_elements(DType dtype, int64_t per_element_mult
 
 // ---- collectives ----
 
-void OneHostCommunicator::require_host_memory(const Tensor& tensor, const std::string& call) {
+template <typename Call>
+void OneHostCommunicator::require_host_memory(const Tensor& tensor, Call call) {
   if (tensor.device().is_cpu()) return;
   // Failing through the slot tells the peers at once instead of at their timeout.
-  fail(call + ": rank " + std::to_string(rank()) + " passed a tensor on " + tensor.device().str() + "; the " +
+  fail(call() + ": rank " + std::to_string(rank()) + " passed a tensor on " + tensor.device().str() + "; the " +
        backend() + " backend moves host memory: use CPU tensors, or the nccl backend for CUDA ones");
 }
 
 void OneHostCommunicator::do_barrier(const CollectiveDesc& desc) { enter(desc, BufferRef(), true); }
 
 void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc& desc) {
-  require_host_memory(tensor, describe(desc));
+  require_host_memory(tensor, [&] { return describe(desc); });
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -207,23 +209,23 @@ void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDe
     BufferRef ref;
     char* buffer = publish(mine, bytes, true, &ref);
     enter(desc, ref, start == 0);
-    std::vector<void*> buffers(size());
+    std::vector<void*>& buffers = peer_buffers_;
+    buffers.resize(size());
     for (int q = 0; q < size(); ++q) buffers[q] = q == rank() ? buffer : resolve(q, post_of(q).buffer);
     if (bytes <= direct_bytes_) {
       // Every rank folds everything; it writes only its own buffer, after all have read.
-      std::vector<char> result(bytes);
-      tree_reduce(buffers.data(), size(), result.data(), n, desc.dtype, desc.op);
+      if (result_.size() < bytes) result_.resize(bytes);
+      tree_reduce(buffers.data(), size(), result_.data(), n, desc.dtype, desc.op);
       arrive_and_wait(Post());
-      if (bytes) std::memcpy(mine, result.data(), bytes);
+      if (bytes) std::memcpy(mine, result_.data(), bytes);
     } else {
       // Slices on 64-byte boundaries: rank r folds slice r into every rank's buffer.
       const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element));
       const int64_t slice = ((n + size() - 1) / size() + align - 1) / align * align;
       const int64_t begin = std::min(n, rank() * slice);
       const int64_t len = std::min(n, begin + slice) - begin;
-      std::vector<void*> sliced(size());
-      for (int q = 0; q < size(); ++q) sliced[q] = static_cast<char*>(buffers[q]) + begin * element;
-      tree_reduce_to_many(sliced.data(), size(), sliced.data(), size(), len, desc.dtype, desc.op);
+      for (int q = 0; q < size(); ++q) buffers[q] = static_cast<char*>(buffers[q]) + begin * element;
+      tree_reduce_to_many(buffers.data(), size(), buffers.data(), size(), len, desc.dtype, desc.op);
       arrive_and_wait(Post());
       if (buffer != mine && bytes) std::memcpy(mine, buffer, bytes);
     }
@@ -232,8 +234,8 @@ void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDe
 }
 
 void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
-  require_host_memory(input, describe(desc));
-  require_host_memory(output, describe(desc));
+  require_host_memory(input, [&] { return describe(desc); });
+  require_host_memory(output, [&] { return describe(desc); });
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;  // per rank
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, size()));
@@ -270,8 +272,8 @@ void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& o
 }
 
 void OneHostCommunicator::do_all_gather(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
-  require_host_memory(input, describe(desc));
-  require_host_memory(output, describe(desc));
+  require_host_memory(input, [&] { return describe(desc); });
+  require_host_memory(output, [&] { return describe(desc); });
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;  // per rank
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -294,7 +296,7 @@ void OneHostCommunicator::do_all_gather(const Tensor& input, const Tensor& outpu
 }
 
 void OneHostCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& desc) {
-  require_host_memory(tensor, describe(desc));
+  require_host_memory(tensor, [&] { return describe(desc); });
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -315,7 +317,7 @@ void OneHostCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDes
 }
 
 std::shared_ptr<Communicator> OneHostCommunicator::do_split(int color, int key, const CollectiveDesc& desc) {
-  current_call_ = describe(desc);
+  current_desc_ = desc;
   Post post;
   post.desc = desc;
   post.split_color = color;
@@ -339,15 +341,17 @@ std::shared_ptr<Communicator> OneHostCommunicator::do_split(int color, int key, 
 // ---- point to point: one mailbox per direction, filled and drained a chunk at a time ----
 
 void OneHostCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
-  require_host_memory(tensor, "send to rank " + std::to_string(peer));
+  auto call = [&] {
+    std::ostringstream what;
+    what << "send to rank " << peer << " (tag " << tag << ", " << tensor.numel() << " " << dtype_name(tensor.dtype())
+         << ")";
+    return what.str();
+  };
+  require_host_memory(tensor, call);
   Channel* channel = layout_.channel(control_, rank(), peer);
   char* area = layout_.channel_data(control_, rank(), peer);
   const char* data = static_cast<const char*>(tensor.raw_data());
   const size_t total = tensor.nbytes();
-  std::ostringstream what;
-  what << "send to rank " << peer << " (tag " << tag << ", " << tensor.numel() << " " << dtype_name(tensor.dtype())
-       << ")";
-  const std::string call = what.str();
   size_t sent = 0;
   do {
     const uint64_t posted = channel->posted.load(std::memory_order_relaxed);
@@ -364,15 +368,17 @@ void OneHostCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
 }
 
 void OneHostCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
-  require_host_memory(tensor, "recv from rank " + std::to_string(peer));
+  auto call = [&] {
+    std::ostringstream what;
+    what << "recv from rank " << peer << " (tag " << tag << ", " << tensor.numel() << " " << dtype_name(tensor.dtype())
+         << ")";
+    return what.str();
+  };
+  require_host_memory(tensor, call);
   Channel* channel = layout_.channel(control_, peer, rank());
   const char* area = layout_.channel_data(control_, peer, rank());
   char* data = static_cast<char*>(tensor.raw_data());
   const size_t total = tensor.nbytes();
-  std::ostringstream what;
-  what << "recv from rank " << peer << " (tag " << tag << ", " << tensor.numel() << " " << dtype_name(tensor.dtype())
-       << ")";
-  const std::string call = what.str();
   size_t received = 0;
   do {
     const uint64_t taken = channel->taken.load(std::memory_order_relaxed);
@@ -380,7 +386,7 @@ void OneHostCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
     if (received == 0 &&
         (channel->tag != tag || channel->dtype != tensor.dtype() || channel->count != tensor.numel())) {
       std::ostringstream message;
-      message << call << ": rank " << peer << " sent tag " << channel->tag << ", " << channel->count << " "
+      message << call() << ": rank " << peer << " sent tag " << channel->tag << ", " << channel->count << " "
               << dtype_name(channel->dtype) << "; messages between two ranks arrive in the order sent, and each "
               << "recv must match its send's tag, dtype and element count";
       fail(message.str());

@@ -19,7 +19,7 @@ namespace lockstep::comm {
 // Where all_reduce switches from every rank folding everything to one slice per rank
 // (measured by `lockstep bench collectives`; see docs/architecture.md). The environment
 // variable LOCKSTEP_DIRECT_ALLREDUCE_BYTES overrides it, to measure the crossover again.
-constexpr size_t kDirectAllReduceBytes = size_t{16} << 10;
+constexpr size_t kDirectAllReduceBytes = 1024;
 
 class OneHostCommunicator : public Communicator {
  public:
@@ -75,7 +75,9 @@ class OneHostCommunicator : public Communicator {
   void do_barrier(const CollectiveDesc& desc) override;
   std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveDesc& desc) override;
 
-  void require_host_memory(const Tensor& tensor, const std::string& call);
+  // call() describes the call for the error, built only when there is one.
+  template <typename Call>
+  void require_host_memory(const Tensor& tensor, Call call);
   // Enters a collective: posts desc and buffer, waits for all, checks that they agree.
   void enter(const CollectiveDesc& desc, const BufferRef& buffer, bool first_piece);
   // Publishes [data, data + bytes): directly, or through staging (copying it in when
@@ -83,14 +85,18 @@ class OneHostCommunicator : public Communicator {
   char* publish(char* data, size_t bytes, bool copy_in, BufferRef* ref);
   size_t piece_elements(DType dtype, int64_t per_element_multiple) const;
   // Waits until ready(), failing fast if peer is gone and at the timeout (naming the ranks
-  // missing() lists, or peer); `call` says what this rank is doing, for the error.
-  template <typename Ready>
-  void wait_for(Ready ready, int peer, const std::string& call, const std::function<std::vector<int>()>& missing);
+  // missing() lists, or peer); call() says what this rank is doing, for the error.
+  template <typename Ready, typename Call>
+  void wait_for(Ready ready, int peer, Call call, const std::function<std::vector<int>()>& missing);
 
   RankSlot* slot(int r) const { return layout_.slot(control_, r); }
 
-  uint64_t generation_ = 0;   // barriers so far (collectives lane only)
-  std::string current_call_;  // the collective in progress, for error messages
+  uint64_t generation_ = 0;      // barriers so far (collectives lane only)
+  CollectiveDesc current_desc_;  // the collective in progress, for error messages
+  // Kept between calls so that small collectives do not allocate.
+  std::vector<CollectiveDesc> descs_;
+  std::vector<void*> peer_buffers_;
+  std::vector<char> result_;
   std::atomic<bool> marked_{false};
   size_t direct_bytes_;
 };

@@ -13,6 +13,15 @@ namespace {
 // Elements folded per block: the partial sums of every tree level stay in L1.
 constexpr int64_t kBlock = 1024;
 
+// Per-thread scratch for the partial sums, kept between calls: small collectives are
+// latency-bound and should not allocate.
+template <typename A>
+A* scratch(size_t elements) {
+  thread_local std::vector<A> buffer;
+  if (buffer.size() < elements) buffer.resize(elements);
+  return buffer.data();
+}
+
 // Storage type -> the type partial results are held in, and back.
 template <typename T>
 struct Accum {
@@ -75,10 +84,11 @@ class TreeFolder {
  public:
   using A = typename Accum<T>::type;
 
-  TreeFolder(const T* const* inputs, int n) : inputs_(inputs), n_(n) {
-    const int levels = std::bit_width(static_cast<unsigned>(n)) + 1;
-    scratch_.resize(static_cast<size_t>(levels) * kBlock);
-  }
+  // Level 0 holds the block's result; level l > 0 the right half's partial at depth l.
+  TreeFolder(const T* const* inputs, int n)
+      : inputs_(inputs),
+        n_(n),
+        scratch_(scratch<A>(static_cast<size_t>(std::bit_width(static_cast<unsigned>(n)) + 2) * kBlock)) {}
 
   // Folds elements [begin, begin + len) of every input into dst.
   void fold(int lo, int hi, int64_t begin, int64_t len, A* dst, int level) {
@@ -100,17 +110,17 @@ class TreeFolder {
       for (int64_t i = 0; i < len; ++i) dst[i] = combine<A, op>(dst[i], Accum<T>::load(b[i]));
       return;
     }
-    A* right = scratch_.data() + static_cast<size_t>(level) * kBlock;
+    A* right = scratch_ + static_cast<size_t>(level + 1) * kBlock;
     fold(mid, hi, begin, len, right, level + 1);
     for (int64_t i = 0; i < len; ++i) dst[i] = combine<A, op>(dst[i], right[i]);
   }
 
   void run(T* const* outs, int n_out, int64_t count, bool average) {
-    std::vector<A> block(kBlock);
+    A* block = scratch_;
     const A divisor = static_cast<A>(n_);
     for (int64_t begin = 0; begin < count; begin += kBlock) {
       const int64_t len = std::min(kBlock, count - begin);
-      fold(0, n_, begin, len, block.data(), 0);
+      fold(0, n_, begin, len, block, 0);
       if (average) {
         for (int64_t i = 0; i < len; ++i) block[i] /= divisor;
       }
@@ -124,7 +134,7 @@ class TreeFolder {
  private:
   const T* const* inputs_;
   int n_;
-  std::vector<A> scratch_;
+  A* scratch_;
 };
 
 template <typename T>
