@@ -1,9 +1,14 @@
 #include "lockstep/comm/init.h"
 
+#include <cstdlib>
+
 #include "lockstep/comm/launch_env.h"
 #include "lockstep/comm/shm_communicator.h"
 #if LOCKSTEP_HAVE_MPI
 #include "lockstep/comm/mpi_communicator.h"
+#endif
+#if LOCKSTEP_HAVE_NCCL
+#include "lockstep/comm/nccl_communicator.h"
 #endif
 
 namespace lockstep::comm {
@@ -30,10 +35,20 @@ bool backend_available(const std::string& backend) {
 }
 
 std::shared_ptr<Communicator> init_process_group(const std::string& requested, std::chrono::milliseconds timeout) {
-  LOCKSTEP_CHECK(requested == "auto" || requested == "shm" || requested == "mpi")
-      << "unknown process-group backend '" << requested << "': use auto, shm or mpi";
+  LOCKSTEP_CHECK(requested == "auto" || requested == "shm" || requested == "mpi" || requested == "nccl")
+      << "unknown process-group backend '" << requested << "': use auto, shm, mpi or nccl";
   const LaunchInfo info = launch_info_from_env();
   std::string backend = requested;
+  if (backend == "nccl") {
+#if LOCKSTEP_HAVE_NCCL
+    const char* choice = std::getenv("LOCKSTEP_NCCL_DETERMINISTIC");
+    const bool deterministic = !(choice && std::string(choice) == "0");
+    return NcclCommunicator::create(rendezvous_store(info, timeout), "lockstep/world", info.rank, info.world_size,
+                                    info.local_rank, timeout, deterministic);
+#else
+    LOCKSTEP_FAIL() << "this build has no nccl backend (nvcc or NCCL was not found when it was configured)";
+#endif
+  }
   if (backend == "auto") backend = info.local_world_size < info.world_size ? "mpi" : "shm";
   if (backend == "mpi") {
 #if LOCKSTEP_HAVE_MPI

@@ -11,7 +11,9 @@
 namespace lockstep::comm {
 
 // backend: "shm" (processes of one host), "mpi" (launched by mpirun or srun, any number of
-// hosts), or "auto": mpi when the job spans hosts, else shm. Collective over the job.
+// hosts), "nccl" (one GPU per rank: the LOCAL_RANK-th visible GPU), or "auto": mpi when
+// the job spans hosts, else shm. Collective over the job. nccl reduces in Lockstep's tree
+// order unless LOCKSTEP_NCCL_DETERMINISTIC=0 lets NCCL choose (faster, not reproducible).
 std::shared_ptr<Communicator> init_process_group(const std::string& backend = "auto",
                                                  std::chrono::milliseconds timeout = default_timeout());
 

@@ -1,0 +1,24 @@
+// tree_reduce's fold (comm/tree_reduce.h) as a CUDA kernel: the nccl backend's
+// deterministic mode folds the slices the ranks exchanged with it, so a GPU reduction has
+// the same bits as the CPU backends'. Callable from plain C++ (no CUDA headers needed).
+#pragma once
+
+#include <cstdint>
+
+#include "lockstep/comm/reduce_op.h"
+#include "lockstep/core/dtype.h"
+
+struct CUstream_st;  // = cudaStream_t, declared here so that users need no cuda_runtime.h
+
+namespace lockstep::comm::cuda {
+
+// out[i] = fold over k in [0, n) of rows[k * row_stride + i] for i in [0, count), in
+// tree_reduce's order and with its arithmetic (bf16/f16 accumulate in f32 and round once,
+// avg divides the sum by n, integer sums wrap, NaN wins max/min). rows and out are device
+// pointers, elements of dtype; out may alias row k's elements (each element is read from
+// every row before it is written), other overlaps are not allowed. Queued on stream;
+// throws Error when the launch fails.
+void tree_reduce_rows(const void* rows, int64_t row_stride, int n, void* out, int64_t count, DType dtype, ReduceOp op,
+                      CUstream_st* stream);
+
+}  // namespace lockstep::comm::cuda
