@@ -19,7 +19,7 @@ namespace lockstep::comm {
 // Where all_reduce switches from every rank folding everything to one slice per rank
 // (measured by `lockstep bench collectives`; see docs/architecture.md). The environment
 // variable LOCKSTEP_DIRECT_ALLREDUCE_BYTES overrides it, to measure the crossover again.
-constexpr size_t kDirectAllReduceBytes = 1024;
+constexpr size_t kDirectAllReduceBytes = 512;
 
 class OneHostCommunicator : public Communicator {
  public:
