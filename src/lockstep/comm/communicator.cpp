@@ -217,7 +217,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   const CollectiveDesc desc = next_desc(CollectiveKind::split, nullptr, 0, ReduceOp::sum, 0);
   std::shared_ptr<Communicator> result;
   run_sync(kCollectives, [&] { result = do_split(color, key, desc); });
-  if (result) result->set_timeout(timeout_);
+  if (result) result->set_timeout(timeout());
   return result;
 }
 

@@ -6,6 +6,7 @@
 // same order; arguments are compared across ranks and a mismatch names both sides.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -77,8 +78,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // shape. Other backends return an ordinary tensor on `device`.
   virtual Tensor empty_shared(const Shape& shape, DType dtype, Device device = Device::cpu());
 
-  std::chrono::milliseconds timeout() const { return timeout_; }
-  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // May be changed at any time; calls already waiting keep the limit they started with.
+  std::chrono::milliseconds timeout() const { return timeout_.load(); }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_.store(timeout); }
 
  protected:
   // Backends implement these. Tensors are contiguous and locally consistent (sizes agree
@@ -125,7 +127,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   int rank_;
   int size_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;  // read by the lanes' worker threads
   uint64_t sequence_ = 0;
 
   std::mutex mutex_;  // guards the lanes' queues, stopping_ and failure_
