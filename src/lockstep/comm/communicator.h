@@ -80,6 +80,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // May be changed at any time; calls already waiting keep the limit they started with.
   std::chrono::milliseconds timeout() const { return timeout_.load(); }
+  // This rank gives up (its own code failed): peers waiting for it fail at once with
+  // `reason` instead of at their timeout. Backends that cannot tell their peers do nothing.
+  virtual void abort(const std::string& /*reason*/) {}
   void set_timeout(std::chrono::milliseconds timeout) { timeout_.store(timeout); }
 
  protected:

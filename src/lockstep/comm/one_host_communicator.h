@@ -28,6 +28,7 @@ class OneHostCommunicator : public Communicator {
   // The all_reduce size (bytes) up to which every rank folds the whole buffer. Every rank
   // of the group must use the same value.
   void set_direct_all_reduce_bytes(size_t bytes) { direct_bytes_ = bytes; }
+  void abort(const std::string& reason) override { mark(RankState::failed, reason); }
 
  protected:
   // control: the group's control block, laid out by GroupLayout(size) and already

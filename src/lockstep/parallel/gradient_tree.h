@@ -1,0 +1,37 @@
+// "The step is a tree": the gradients of a step's micro-batches, taken in sample order,
+// are summed as the balanced binary tree of comm/tree_reduce.h (split at the largest power
+// of two). GradientTree folds leaves as they come, like a binary counter: equal-sized
+// subtrees merge at once, and finish() folds what is left from the right. A device that
+// owns k leaves (k a power of two) folds exactly its subtree of the global tree, and the
+// all-reduce over devices, in the same order, folds the rest.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/core/tensor.h"
+
+namespace lockstep::parallel {
+
+class GradientTree {
+ public:
+  // Adds the next leaf: one tensor per parameter (the tree takes them over and adds into
+  // them). Every leaf has the same shapes and dtypes.
+  void add_leaf(std::vector<Tensor> leaf);
+  // The sum of all leaves in tree order; the tree is empty afterwards.
+  std::vector<Tensor> finish();
+  int64_t leaves() const { return leaves_; }
+
+ private:
+  struct Subtree {
+    int64_t leaves = 0;
+    std::vector<Tensor> sums;
+  };
+  // left += right, element by element (left is the earlier samples).
+  static void merge_into(Subtree& left, const Subtree& right);
+
+  std::vector<Subtree> stack_;  // sizes strictly decreasing from the bottom
+  int64_t leaves_ = 0;
+};
+
+}  // namespace lockstep::parallel

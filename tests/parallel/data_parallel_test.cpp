@@ -1,0 +1,131 @@
+// Single-process data parallelism: the same bits for every number of devices and every
+// split between devices and micro-batches of one (seed, global batch, micro-batch); the
+// same step as one device's plain full-batch step up to rounding; a clear error for
+// layouts the tree cannot take.
+#include "lockstep/parallel/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "lockstep/core/philox.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/ops/ops.h"
+#include "lockstep/optim/sgd.h"
+#include "testing/gradcheck.h"
+
+namespace lockstep::parallel {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+
+struct Data {
+  Tensor images, labels;
+};
+
+Data synthetic(int64_t batch, uint64_t step) {
+  Philox rng(kSeed, 1000 + step);
+  std::vector<float> pixels(static_cast<size_t>(batch) * 784);
+  for (float& p : pixels) p = uint_to_unit_float(rng.next_u32());
+  std::vector<int64_t> labels(static_cast<size_t>(batch));
+  for (int64_t& l : labels) l = static_cast<int64_t>(rng.next_u32() % 10);
+  return {Tensor::from_vector(pixels, {batch, 1, 28, 28}), Tensor::from_vector(labels, {batch})};
+}
+
+std::vector<std::vector<float>> weights(nn::Module& model) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : model.parameters()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+// Trains `steps` steps of a global batch on `devices` devices and returns device 0's weights.
+std::vector<std::vector<float>> train(const std::string& model_name, int devices, int64_t batch, int64_t micro,
+                                      int steps, std::vector<double>* losses = nullptr) {
+  DataParallel dp(
+      devices, micro, [&](int) { return nn::make_model(model_name, kSeed); },
+      [](nn::Module& m) {
+        return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+      });
+  for (int s = 0; s < steps; ++s) {
+    const Data data = synthetic(batch, static_cast<uint64_t>(s));
+    const StepResult result = dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
+    if (losses) losses->push_back(result.loss);
+  }
+  const auto first = weights(dp.replica(0));
+  for (int d = 1; d < devices; ++d) EXPECT_EQ(weights(dp.replica(d)), first) << "replica " << d << " drifted";
+  return first;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  }
+  return true;
+}
+
+TEST(DataParallel, SameBitsOnOneTwoFourAndEightDevices) {
+  std::vector<double> one_losses;
+  const auto one = train("mlp", 1, 32, 4, 3, &one_losses);
+  for (int devices : {2, 4, 8}) {
+    std::vector<double> losses;
+    EXPECT_TRUE(same_bits(train("mlp", devices, 32, 4, 3, &losses), one)) << devices << " devices";
+    EXPECT_EQ(losses, one_losses) << devices << " devices";
+  }
+}
+
+TEST(DataParallel, OddDeviceCountsWithPowerOfTwoShares) {
+  // 12 micro-batches: 3 devices x 4, 6 x 2, 12 x 1 are all the same tree as 1 x 12.
+  const auto one = train("mlp", 1, 48, 4, 2);
+  for (int devices : {3, 6, 12}) EXPECT_TRUE(same_bits(train("mlp", devices, 48, 4, 2), one)) << devices;
+}
+
+TEST(DataParallel, TheMicroBatchIsPartOfTheAnswer) {
+  // Different leaves make a different (equally valid) sum: the bits may differ, the values
+  // hardly. This is why the micro-batch is part of what defines a run.
+  const auto m4 = train("mlp", 1, 32, 4, 2);
+  const auto m8 = train("mlp", 1, 32, 8, 2);
+  for (size_t i = 0; i < m4.size(); ++i) {
+    for (size_t j = 0; j < m4[i].size(); ++j) ASSERT_NEAR(m4[i][j], m8[i][j], 1e-4);
+  }
+}
+
+TEST(DataParallel, CnnWithDropoutKeyedBySampleIsTheSameOnTwoDevices) {
+  const auto one = train("cnn", 1, 16, 4, 2);
+  EXPECT_TRUE(same_bits(train("cnn", 2, 16, 4, 2), one));
+  EXPECT_TRUE(same_bits(train("cnn", 4, 16, 4, 2), one));
+}
+
+TEST(DataParallel, MatchesAPlainFullBatchStep) {
+  // One device, one micro-batch of the whole batch: the ordinary mean-loss step.
+  auto model = nn::make_model("mlp", kSeed);
+  optim::SGD sgd(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  const Data data = synthetic(32, 0);
+  model->set_forward_context({.seed = kSeed, .step = 0, .first_sample = 0});
+  cross_entropy((*model)(data.images), data.labels).backward();
+  sgd.step();
+  const auto reference = weights(*model);
+  const auto ours = train("mlp", 4, 32, 8, 1);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    for (size_t j = 0; j < ours[i].size(); ++j) ASSERT_NEAR(ours[i][j], reference[i][j], 1e-6) << i << "/" << j;
+  }
+}
+
+TEST(DataParallel, LayoutsTheTreeCannotTakeAreExplained) {
+  DataParallel dp(
+      4, 4, [](int) { return nn::make_model("mlp", kSeed); },
+      [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); });
+  const Data bad_share = synthetic(48, 0);  // 12 micro-batches: 3 per device, not a power of two
+  try {
+    dp.step(bad_share.images, bad_share.labels, 0, 0, kSeed);
+    FAIL() << "an uneven layout was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("12 micro-batches, which 4 devices cannot share"), std::string::npos)
+        << error.what();
+  }
+  const Data ragged = synthetic(30, 0);
+  EXPECT_THROW(dp.step(ragged.images, ragged.labels, 0, 0, kSeed), Error);
+}
+
+}  // namespace
+}  // namespace lockstep::parallel

@@ -1,0 +1,54 @@
+// GradientTree folds leaves as the split-at-the-largest-power-of-two tree: checked against
+// a recursive fold written here, on values where any other order gives other bits.
+#include "lockstep/parallel/gradient_tree.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "comm/conformance.h"
+
+namespace lockstep::parallel {
+namespace {
+
+float fold(const std::vector<float>& v, size_t lo, size_t hi) {
+  if (hi - lo == 1) return v[lo];
+  size_t p = 1;
+  while (p * 2 < hi - lo) p *= 2;
+  return fold(v, lo, lo + p) + fold(v, lo + p, hi);
+}
+
+TEST(GradientTree, EveryLeafCountFoldsInTreeOrder) {
+  for (int n = 1; n <= 20; ++n) {
+    GradientTree tree;
+    const int64_t count = 64;
+    std::vector<std::vector<float>> columns(count);
+    for (int leaf = 0; leaf < n; ++leaf) {
+      std::vector<float> values(count);
+      for (int64_t i = 0; i < count; ++i) {
+        values[i] = comm::testing::irregular_value(leaf, i);
+        columns[i].push_back(values[i]);
+      }
+      tree.add_leaf({Tensor::from_vector(values, {8, 8})});
+    }
+    EXPECT_EQ(tree.leaves(), n);
+    const std::vector<Tensor> sums = tree.finish();
+    ASSERT_EQ(sums.size(), 1u);
+    EXPECT_EQ(sums[0].shape(), (Shape{8, 8}));
+    const float* got = sums[0].data<float>();
+    for (int64_t i = 0; i < count; ++i) {
+      const float want = fold(columns[i], 0, columns[i].size());
+      ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << n << " leaves, element " << i << ": " << got[i] << " vs " << want;
+    }
+  }
+}
+
+TEST(GradientTree, MismatchedLeavesAreErrors) {
+  GradientTree tree;
+  tree.add_leaf({Tensor::zeros({3})});
+  EXPECT_THROW(tree.add_leaf({Tensor::zeros({4})}), Error);
+  EXPECT_THROW(GradientTree().finish(), Error);
+}
+
+}  // namespace
+}  // namespace lockstep::parallel
