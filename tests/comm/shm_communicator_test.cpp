@@ -97,6 +97,24 @@ TEST(ShmWorker, OneRankNeverJoins) {
   }
 }
 
+TEST(ShmWorker, NoRoomInDevShm) {
+  if (!worker("noroom")) GTEST_SKIP() << "runs only as a rank launched by ShmCommunicator tests";
+  try {
+    init_process_group("shm");
+    FAIL() << "a staging segment larger than /dev/shm was accepted";
+  } catch (const Error& error) {
+    // Every rank runs out of room; one that is still meeting when rank 0 (the store's
+    // server) gives up reports that instead, pointing at rank 0's output.
+    const std::string message = error.what();
+    if (message.find("lost the rendezvous store") != std::string::npos && std::getenv("RANK") != std::string("0")) {
+      EXPECT_NE(message.find("see rank 0's output"), std::string::npos) << message;
+      return;
+    }
+    EXPECT_NE(message.find("cannot reserve"), std::string::npos) << message;
+    EXPECT_NE(message.find("--shm-size"), std::string::npos) << message;
+  }
+}
+
 // ---- the launching side ----
 
 class ShmConformance : public ::testing::TestWithParam<int> {};
@@ -132,6 +150,14 @@ TEST(ShmCommunicator, LateRankTimesOutNamingIt) {
 TEST(ShmCommunicator, RankThatNeverJoinsFailsTheRendezvous) {
   expect_clean_success(launch_ranks(2, "ShmWorker.OneRankNeverJoins",
                                     {{"LOCKSTEP_TEST_WORKER", "absent"}, {"LOCKSTEP_COMM_TIMEOUT", "1"}}));
+}
+
+TEST(ShmCommunicator, FullDevShmIsAClearErrorAtStartup) {
+  // 1 PiB of staging per rank: no /dev/shm has room, and the error must say so up front.
+  expect_clean_success(launch_ranks(2, "ShmWorker.NoRoomInDevShm",
+                                    {{"LOCKSTEP_TEST_WORKER", "noroom"},
+                                     {"LOCKSTEP_SHM_STAGING_BYTES", "1125899906842624"},
+                                     {"LOCKSTEP_COMM_TIMEOUT", "5"}}));
 }
 
 }  // namespace
