@@ -58,7 +58,8 @@ void expect_rows_correct(const Result& result, const std::vector<std::string>& c
 
 TEST(BenchCollectives, LocalThreadsEveryCollectiveChecked) {
   const Result result = run("--backend local -g 3 -b 1K -e 256K -f 16 -n 2 -w 1 -c 1 --update-bytes 1M --json");
-  expect_rows_correct(result, {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}, 3, 3);
+  ASSERT_NO_FATAL_FAILURE(
+      expect_rows_correct(result, {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}, 3, 3));
   // Sizes: 1K, 16K, 256K rounded down to whole slices of 3 ranks x 8 bytes.
   EXPECT_EQ(result.rows[0]["size"], 1008);
   EXPECT_EQ(result.rows[2]["size"], 262128);
@@ -78,7 +79,7 @@ TEST(BenchCollectives, ShmUnderMpirunWithMpiComparison) {
       run("--backend shm -g 2 -b 4K -e 64K -f 16 -n 2 -w 1 --collective all_reduce,broadcast --compare mpi "
           "--update-bytes 1M --json",
           true);
-  expect_rows_correct(result, {"all_reduce", "broadcast"}, 2, 2);
+  ASSERT_NO_FATAL_FAILURE(expect_rows_correct(result, {"all_reduce", "broadcast"}, 2, 2));
   for (const nlohmann::json& row : result.rows) {
     EXPECT_GT(row["mpi_time_us"].get<double>(), 0) << row.dump();
     EXPECT_NEAR(row["speedup"].get<double>(), row["mpi_time_us"].get<double>() / row["time_us"].get<double>(), 1e-6);
@@ -90,7 +91,7 @@ TEST(BenchCollectives, LocalWithMpiComparisonRunsMpiInAChildJob) {
   const Result result =
       run("--backend local -g 2 -b 8K -e 8K -n 2 -w 1 --collective all_reduce --compare mpi --update-bytes 1M --json",
           true);
-  expect_rows_correct(result, {"all_reduce"}, 2, 1);
+  ASSERT_NO_FATAL_FAILURE(expect_rows_correct(result, {"all_reduce"}, 2, 1));
   EXPECT_GT(result.rows[0]["mpi_time_us"].get<double>(), 0) << result.output;
 }
 

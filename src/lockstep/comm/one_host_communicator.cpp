@@ -253,7 +253,7 @@ void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& o
       ref.slice_stride = count;
     } else {
       char* area = static_cast<char*>(staging(&ref));
-      for (int q = 0; q < size(); ++q) {
+      for (int q = 0; q < size() && n > 0; ++q) {
         std::memcpy(area + static_cast<size_t>(q * n) * element, in + static_cast<size_t>(q * count + start) * element,
                     static_cast<size_t>(n) * element);
       }
