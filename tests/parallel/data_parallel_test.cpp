@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "lockstep/core/parallel.h"
 #include "lockstep/core/philox.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/ops/ops.h"
@@ -97,13 +98,18 @@ TEST(DataParallel, CnnWithDropoutKeyedBySampleIsTheSameOnTwoDevices) {
 }
 
 TEST(DataParallel, MatchesAPlainFullBatchStep) {
-  // One device, one micro-batch of the whole batch: the ordinary mean-loss step.
+  // One device, one micro-batch of the whole batch: the ordinary mean-loss step, on one
+  // thread like DataParallel's devices (and so no OpenMP team, which ThreadSanitizer cannot
+  // see into).
+  const int threads = num_threads();
+  set_num_threads(1);
   auto model = nn::make_model("mlp", kSeed);
   optim::SGD sgd(model->parameters(), {.lr = 0.1, .momentum = 0.9});
   const Data data = synthetic(32, 0);
   model->set_forward_context({.seed = kSeed, .step = 0, .first_sample = 0});
   cross_entropy((*model)(data.images), data.labels).backward();
   sgd.step();
+  set_num_threads(threads);
   const auto reference = weights(*model);
   const auto ours = train("mlp", 4, 32, 8, 1);
   for (size_t i = 0; i < ours.size(); ++i) {
