@@ -260,7 +260,8 @@ void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& o
       ref.slice_stride = n;
     }
     enter(desc, ref, start == 0);
-    std::vector<void*> slices(size());
+    std::vector<void*>& slices = peer_buffers_;
+    slices.resize(size());
     for (int q = 0; q < size(); ++q) {
       const BufferRef& theirs = q == rank() ? ref : post_of(q).buffer;
       slices[q] = static_cast<char*>(resolve(q, theirs)) + static_cast<size_t>(rank() * theirs.slice_stride) * element;
