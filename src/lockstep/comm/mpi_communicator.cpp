@@ -63,6 +63,13 @@ void check_cpu(const Tensor& tensor, const std::string& what) {
          "for CUDA tensors";
 }
 
+// What a send or receive checks before it touches MPI: a CPU tensor and a tag MPI accepts.
+void check_p2p(const Tensor& tensor, int tag, int tag_upper_bound, const std::string& what) {
+  check_cpu(tensor, what);
+  LOCKSTEP_CHECK(tag >= 0 && tag <= tag_upper_bound)
+      << "mpi backend: " << what << ": tags must be in 0.." << tag_upper_bound << " (MPI_TAG_UB)";
+}
+
 // Element bounds of n slices of [0, count): slice r is [bounds[r], bounds[r+1]). Slices are
 // whole runs of kSliceAlignBytes (the last one takes the ragged end) and differ by at most
 // one run, so every slice starts aligned.
@@ -440,9 +447,7 @@ std::shared_ptr<Communicator> MpiCommunicator::do_split(int color, int key, cons
 
 void MpiCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
   const std::string what = p2p_what("send", "to", peer, tag, tensor);
-  check_cpu(tensor, what);
-  LOCKSTEP_CHECK(tag >= 0 && tag <= handle_->tag_upper_bound)
-      << "mpi backend: " << what << ": tags must be in 0.." << handle_->tag_upper_bound << " (MPI_TAG_UB)";
+  check_p2p(tensor, tag, handle_->tag_upper_bound, what);
   Operation op(what, timeout(), rank());
   WireHeader header;
   std::memset(&header, 0, sizeof header);
@@ -460,9 +465,7 @@ void MpiCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
 
 void MpiCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
   const std::string what = p2p_what("recv", "from", peer, tag, tensor);
-  check_cpu(tensor, what);
-  LOCKSTEP_CHECK(tag >= 0 && tag <= handle_->tag_upper_bound)
-      << "mpi backend: " << what << ": tags must be in 0.." << handle_->tag_upper_bound << " (MPI_TAG_UB)";
+  check_p2p(tensor, tag, handle_->tag_upper_bound, what);
   Operation op(what, timeout(), rank());
   WireHeader header;
   std::memset(&header, 0, sizeof header);
