@@ -115,32 +115,19 @@ TimingSettings settings_of(const Options& o) {
   return s;
 }
 
-// Every rank runs this; rank 0's rows come back.
-std::vector<Row> measure(comm::Communicator& comm, const Options& o, bool with_mpi, double* update_bw) {
+// Every rank runs this; rank 0's rows come back. comm null: MPI's collectives alone (the
+// MPI half of a local run's comparison), with no B_update.
+std::vector<Row> measure(comm::Communicator* comm, const Options& o, int ranks, bool with_mpi, double* update_bw) {
   const TimingSettings settings = settings_of(o);
-  *update_bw = update_bandwidth(comm, parse_bytes(o.update_bytes, "update-bytes"), settings);
-  std::vector<Row> rows;
-  for (Collective what : collectives_of(o.collective)) {
-    for (int64_t bytes : sizes_of(o, comm.size())) {
-      Row row;
-      row.what = what;
-      row.bytes = bytes;
-      row.ours = time_collective(comm, what, bytes, settings);
-      if (with_mpi) row.mpi_seconds = time_mpi_collective(what, bytes, settings);
-      rows.push_back(row);
-    }
-  }
-  return rows;
-}
-
-std::vector<Row> measure_mpi_only(const Options& o, int ranks) {
+  *update_bw = comm ? update_bandwidth(*comm, parse_bytes(o.update_bytes, "update-bytes"), settings) : 0;
   std::vector<Row> rows;
   for (Collective what : collectives_of(o.collective)) {
     for (int64_t bytes : sizes_of(o, ranks)) {
       Row row;
       row.what = what;
       row.bytes = bytes;
-      row.mpi_seconds = time_mpi_collective(what, bytes, settings_of(o));
+      if (comm) row.ours = time_collective(*comm, what, bytes, settings);
+      if (with_mpi) row.mpi_seconds = time_mpi_collective(what, bytes, settings);
       rows.push_back(row);
     }
   }
@@ -331,8 +318,10 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   parse_bytes(o.update_bytes, "update-bytes");
 
   if (o.mpi_reference_only) {
-    const std::vector<Row> rows = measure_mpi_only(o, comm::launch_info_from_env().world_size);
-    if (comm::launch_info_from_env().rank == 0) print_rows(rows, o, comm::launch_info_from_env().world_size, 0);
+    const comm::LaunchInfo job = comm::launch_info_from_env();
+    double no_update_bw = 0;
+    const std::vector<Row> rows = measure(nullptr, o, job.world_size, true, &no_update_bw);
+    if (job.rank == 0) print_rows(rows, o, job.world_size, no_update_bw);
     return 0;
   }
 
@@ -346,7 +335,7 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
       threads.emplace_back([&, r] {
         try {
           double bw = 0;
-          std::vector<Row> mine = measure(*comms[r], o, false, &bw);
+          std::vector<Row> mine = measure(comms[r].get(), o, ranks, false, &bw);
           if (r == 0) {
             rows = std::move(mine);
             update_bw = bw;
@@ -379,7 +368,7 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   }
   std::shared_ptr<comm::Communicator> comm = comm::init_process_group(o.backend);
   double update_bw = 0;
-  const std::vector<Row> rows = measure(*comm, o, !o.compare.empty(), &update_bw);
+  const std::vector<Row> rows = measure(comm.get(), o, comm->size(), !o.compare.empty(), &update_bw);
   if (comm->rank() == 0) print_rows(rows, o, comm->size(), update_bw);
   return 0;
 }
