@@ -2,7 +2,11 @@
 // products are split here across the caller's OpenMP team instead. Two spinning thread
 // pools (OpenMP's and OpenBLAS's pthreads) on the same cores slow each other down many
 // times over; with one pool, GEMMs, im2col and elementwise kernels share the same threads.
-// Each output element is computed by one thread with the same k-order whatever the split.
+//
+// The cut into blocks depends on the shape alone, never on the team size: OpenBLAS may
+// compute the same output element with other bits in a call of another size (its kernels
+// for small matrices, its edge tiles), and a device's results must not change with the
+// number of threads it computes with (the step-is-a-tree guarantee of data parallelism).
 #include "lockstep/ops/cpu/gemm.h"
 
 #include <cblas.h>
@@ -26,10 +30,18 @@ void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
-// Below this many multiply-adds a product runs on the calling thread.
+// Below this many multiply-adds a product is one call.
 constexpr int64_t kParallelMacs = int64_t{1} << 18;
-// Row and column blocks are multiples of this, the register-block sizes of the kernels.
+// Blocks of rows (or columns) of C: multiples of the kernels' register-block size, at
+// least kMinBlock wide so each call amortizes its packing, and at most kMaxBlocks of them.
 constexpr int64_t kAlign = 16;
+constexpr int64_t kMinBlock = 64;
+constexpr int64_t kMaxBlocks = 16;
+
+int64_t block_size(int64_t extent) {
+  const int64_t even = (extent + kMaxBlocks - 1) / kMaxBlocks;
+  return std::max(kMinBlock, (even + kAlign - 1) / kAlign * kAlign);
+}
 
 }  // namespace
 
@@ -37,26 +49,29 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const int64_t threads = omp_in_parallel() ? 1 : num_threads();
-  if (threads == 1 || m * n * k < kParallelMacs || (m < 2 * kAlign && n < 2 * kAlign)) {
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const int64_t block = block_size(extent);
+  if (m * n * k < kParallelMacs || extent <= block) {
     blas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if (m >= n) {
-    // Rows of C: row i of op(A) is row i of A, or column i when A is transposed.
-    const int64_t blocks = (m + kAlign - 1) / kAlign;
-    parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
-      const int64_t row = begin * kAlign, rows = std::min(m, end * kAlign) - row;
-      blas(trans_a, trans_b, rows, n, k, alpha, a + (trans_a ? row : row * lda), lda, b, ldb, beta, c + row * ldc, ldc);
-    });
-  } else {
-    // Columns of C: column j of op(B) is column j of B, or row j when B is transposed.
-    const int64_t blocks = (n + kAlign - 1) / kAlign;
-    parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
-      const int64_t col = begin * kAlign, cols = std::min(n, end * kAlign) - col;
-      blas(trans_a, trans_b, m, cols, k, alpha, a, lda, b + (trans_b ? col * ldb : col), ldb, beta, c + col, ldc);
-    });
-  }
+  const int64_t blocks = (extent + block - 1) / block;
+  // Inside a team already (a conv chunk per thread), parallel_for runs the blocks inline.
+  parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t first = i * block, size = std::min(extent, first + block) - first;
+      if (by_rows) {
+        // Rows of C: row i of op(A) is row i of A, or column i when A is transposed.
+        blas(trans_a, trans_b, size, n, k, alpha, a + (trans_a ? first : first * lda), lda, b, ldb, beta,
+             c + first * ldc, ldc);
+      } else {
+        // Columns of C: column j of op(B) is column j of B, or row j when B is transposed.
+        blas(trans_a, trans_b, m, size, k, alpha, a, lda, b + (trans_b ? first * ldb : first), ldb, beta, c + first,
+             ldc);
+      }
+    }
+  });
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
