@@ -41,9 +41,10 @@ std::vector<std::vector<float>> weights(nn::Module& model) {
 
 // Trains `steps` steps of a global batch on `devices` devices and returns device 0's weights.
 std::vector<std::vector<float>> train(const std::string& model_name, int devices, int64_t batch, int64_t micro,
-                                      int steps, std::vector<double>* losses = nullptr) {
+                                      int steps, std::vector<double>* losses = nullptr, int threads_per_device = 1) {
   DataParallel dp(
-      devices, micro, [&](int) { return nn::make_model(model_name, kSeed); },
+      {.devices = devices, .micro_batch = micro, .threads_per_device = threads_per_device},
+      [&](int) { return nn::make_model(model_name, kSeed); },
       [](nn::Module& m) {
         return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
       });
@@ -73,6 +74,15 @@ TEST(DataParallel, SameBitsOnOneTwoFourAndEightDevices) {
     EXPECT_TRUE(same_bits(train("mlp", devices, 32, 4, 3, &losses), one)) << devices << " devices";
     EXPECT_EQ(losses, one_losses) << devices << " devices";
   }
+}
+
+TEST(DataParallel, SameBitsWithAnyNumberOfThreadsPerDevice) {
+  // One device with 2 or 3 threads against 2 devices with one each: the products are cut
+  // by shape, never by team size (a batch of 4 once split by team size, with other bits).
+  const auto two_devices = train("mlp", 2, 8, 4, 2);
+  EXPECT_TRUE(same_bits(train("mlp", 1, 8, 4, 2, nullptr, 2), two_devices));
+  EXPECT_TRUE(same_bits(train("mlp", 1, 8, 4, 2, nullptr, 3), two_devices));
+  EXPECT_TRUE(same_bits(train("cnn", 1, 16, 8, 1, nullptr, 2), train("cnn", 2, 16, 8, 1)));
 }
 
 TEST(DataParallel, OddDeviceCountsWithPowerOfTwoShares) {
@@ -117,9 +127,41 @@ TEST(DataParallel, MatchesAPlainFullBatchStep) {
   }
 }
 
+TEST(DataParallel, ReportsWhereEachDevicesTimeWent) {
+  DataParallel dp(
+      {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+      [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); });
+  const Data data = synthetic(16, 0);
+  const StepResult result = dp.step(data.images, data.labels, 0, 0, kSeed);
+  ASSERT_EQ(result.devices.size(), 2u);
+  for (const DeviceTimes& t : result.devices) {
+    EXPECT_GT(t.compute, 0);
+    EXPECT_GE(t.wait, 0);
+    EXPECT_GT(t.communicate, 0);
+    EXPECT_GT(t.optimizer, 0);
+  }
+  EXPECT_GT(result.loss, 0);
+}
+
+TEST(DataParallel, AFailingDeviceNamesItsOwnErrorAndStopsTheOthers) {
+  DataParallel dp(
+      {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+      [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); });
+  Data data = synthetic(8, 0);
+  data.labels.data<int64_t>()[6] = 10;  // device 1's micro-batch: no class 10
+  try {
+    dp.step(data.images, data.labels, 0, 0, kSeed);
+    FAIL() << "a bad label was accepted";
+  } catch (const Error& error) {
+    // The cause, not the abort it caused on device 0.
+    EXPECT_NE(std::string(error.what()).find("10"), std::string::npos) << error.what();
+    EXPECT_EQ(std::string(error.what()).find("abort"), std::string::npos) << error.what();
+  }
+}
+
 TEST(DataParallel, LayoutsTheTreeCannotTakeAreExplained) {
   DataParallel dp(
-      4, 4, [](int) { return nn::make_model("mlp", kSeed); },
+      {.devices = 4, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
       [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); });
   const Data bad_share = synthetic(48, 0);  // 12 micro-batches: 3 per device, not a power of two
   try {

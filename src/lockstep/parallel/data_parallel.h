@@ -1,10 +1,11 @@
 // Single-process data parallelism (the nn.DataParallel / MirroredStrategy way, done right):
-// one replica of the model per device, made once; each step the global batch is cut into
-// micro-batches in sample order, each device runs a contiguous run of them on its own
-// worker thread and folds their gradients as its subtree of the step's tree, the `local`
-// communicator folds the top of the tree across devices, and every replica takes the same
-// optimizer step. For a fixed (seed, global batch, micro-batch) the weights are the same
-// bits on any number of devices whose share of micro-batches is a power of two.
+// one replica of the model per device, made once, each driven by its own long-lived worker
+// thread. Each step the global batch is cut into micro-batches in sample order; each device
+// runs a contiguous run of them and folds their gradients as its subtree of the step's
+// tree, the `local` communicator folds the top of the tree across devices in one flat
+// all-reduce, and every replica takes the same optimizer step. For a fixed (seed, global
+// batch, micro-batch) the weights are the same bits on any number of devices whose share
+// of micro-batches is a power of two, and with any number of threads per device.
 #pragma once
 
 #include <functional>
@@ -14,11 +15,27 @@
 #include "lockstep/comm/communicator.h"
 #include "lockstep/nn/module.h"
 #include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/device_workers.h"
 
 namespace lockstep::parallel {
 
+struct DataParallelOptions {
+  int devices = 1;
+  int64_t micro_batch = 1;  // samples per micro-batch: the leaf of the step's tree
+  int threads_per_device = 1;
+};
+
+// Where one device's time in a step went, in seconds.
+struct DeviceTimes {
+  double compute = 0;      // forward, backward and folding its micro-batches
+  double wait = 0;         // at the all-reduce, until the slowest device arrived
+  double communicate = 0;  // the all-reduce itself
+  double optimizer = 0;    // the optimizer step
+};
+
 struct StepResult {
   double loss = 0;  // mean cross-entropy over the global batch, summed in tree order
+  std::vector<DeviceTimes> devices;
 };
 
 class DataParallel {
@@ -26,9 +43,10 @@ class DataParallel {
   using MakeReplica = std::function<std::shared_ptr<nn::Module>(int device)>;
   using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(nn::Module& replica)>;
 
-  // make_replica(d) must give the same initial weights for every d (e.g. one seed).
-  // micro_batch: samples per micro-batch, the leaf of the step's tree.
-  DataParallel(int devices, int64_t micro_batch, const MakeReplica& make_replica, const MakeOptimizer& make_optimizer);
+  // make_replica(d) must give the same initial weights for every d (e.g. one seed). The
+  // parameters must share one dtype (the gradients travel as one flat buffer).
+  DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
+               const MakeOptimizer& make_optimizer);
   ~DataParallel();
 
   // One optimizer step on a global batch (images [B, ...], labels [B]) whose first sample
@@ -37,20 +55,27 @@ class DataParallel {
   // two; the error says which sizes work.
   StepResult step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed);
 
+  // The sizes step() accepts, as an error message naming the arithmetic, or "" if fine.
+  static std::string check_layout(int64_t batch, int64_t micro_batch, int devices);
+
   int devices() const { return static_cast<int>(replicas_.size()); }
-  int64_t micro_batch() const { return micro_batch_; }
+  int64_t micro_batch() const { return options_.micro_batch; }
+  int threads_per_device() const { return options_.threads_per_device; }
   nn::Module& replica(int device) { return *replicas_.at(device); }
   optim::Optimizer& optimizer(int device) { return *optimizers_.at(device); }
+  // Sets the learning rate of every replica's optimizer.
+  void set_lr(double lr);
 
  private:
-  // Device d's part of a step; returns its loss sum (already scaled by 1/B).
+  // Device d's part of a step; device 0 also writes the step's loss.
   void run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
-                  uint64_t seed, double* loss);
+                  uint64_t seed, StepResult& result);
 
-  int64_t micro_batch_;
+  DataParallelOptions options_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
   std::vector<std::shared_ptr<comm::Communicator>> comms_;
+  std::unique_ptr<DeviceWorkers> workers_;
 };
 
 }  // namespace lockstep::parallel
