@@ -5,12 +5,12 @@
 
 namespace lockstep::parallel {
 
-DeviceWorkers::DeviceWorkers(int devices, int threads_per_device, OnError on_error) : on_error_(std::move(on_error)) {
+DeviceWorkers::DeviceWorkers(int devices, int threads_per_device, OnError on_error)
+    : on_error_(std::move(on_error)), devices_(devices), threads_per_device_(threads_per_device) {
   LOCKSTEP_CHECK(devices >= 1) << "need at least one device, got " << devices;
   LOCKSTEP_CHECK(threads_per_device >= 1) << "need at least one thread per device, got " << threads_per_device;
-  threads_.reserve(static_cast<size_t>(devices));
-  for (int d = 0; d < devices; ++d)
-    threads_.emplace_back([this, d, threads_per_device] { loop(d, threads_per_device); });
+  threads_.reserve(static_cast<size_t>(devices - 1));
+  for (int d = 1; d < devices; ++d) threads_.emplace_back([this, d] { loop(d); });
 }
 
 DeviceWorkers::~DeviceWorkers() {
@@ -23,19 +23,42 @@ DeviceWorkers::~DeviceWorkers() {
 }
 
 void DeviceWorkers::run(const Task& task) {
-  std::unique_lock lock(mutex_);
-  task_ = &task;
-  running_ = size();
-  first_error_ = nullptr;
-  ++generation_;
+  {
+    std::lock_guard lock(mutex_);
+    task_ = &task;
+    running_ = devices_;
+    first_error_ = nullptr;
+    ++generation_;
+  }
   wake_.notify_all();
+  // Device 0 on this thread, with the device's team size for the while.
+  const int saved = num_threads();
+  set_num_threads(threads_per_device_);
+  run_one(0, task);
+  set_num_threads(saved);
+  std::unique_lock lock(mutex_);
   done_.wait(lock, [&] { return running_ == 0; });
   task_ = nullptr;
   if (first_error_) std::rethrow_exception(first_error_);
 }
 
-void DeviceWorkers::loop(int device, int threads_per_device) {
-  set_num_threads(threads_per_device);
+void DeviceWorkers::run_one(int device, const Task& task) {
+  try {
+    task(device);
+  } catch (const std::exception& e) {
+    {
+      // Recorded before on_error: the other devices' errors it causes come later.
+      std::lock_guard lock(mutex_);
+      if (!first_error_) first_error_ = std::current_exception();
+    }
+    if (on_error_) on_error_(device, e.what());
+  }
+  std::lock_guard lock(mutex_);
+  if (--running_ == 0) done_.notify_all();
+}
+
+void DeviceWorkers::loop(int device) {
+  set_num_threads(threads_per_device_);
   uint64_t seen = 0;
   for (;;) {
     const Task* task = nullptr;
@@ -46,18 +69,7 @@ void DeviceWorkers::loop(int device, int threads_per_device) {
       seen = generation_;
       task = task_;
     }
-    try {
-      (*task)(device);
-    } catch (const std::exception& e) {
-      {
-        // Recorded before on_error: the other devices' errors it causes come later.
-        std::lock_guard lock(mutex_);
-        if (!first_error_) first_error_ = std::current_exception();
-      }
-      if (on_error_) on_error_(device, e.what());
-    }
-    std::lock_guard lock(mutex_);
-    if (--running_ == 0) done_.notify_all();
+    run_one(device, *task);
   }
 }
 

@@ -1,6 +1,8 @@
-// One long-lived thread per device. Made once, so each keeps its OpenMP team and its
-// thread-local scratch from step to step (a fresh std::thread per step would build a new
-// OpenMP pool every step). run(task) runs task(d) on every worker and returns when all
+// One long-lived thread per device, device 0 being the caller's own. Made once, so each
+// keeps its OpenMP team and its thread-local scratch from step to step (a fresh
+// std::thread per step would build a new OpenMP pool every step), and one device is one
+// pool, as in a program without data parallelism (a second, idle pool spinning on the same
+// cores halved the speed). run(task) runs task(d) for every device and returns when all
 // are done; if any task threw, it then rethrows the first error in time (the cause; the
 // errors of devices that stopped because of it come later).
 #pragma once
@@ -30,12 +32,15 @@ class DeviceWorkers {
   DeviceWorkers& operator=(const DeviceWorkers&) = delete;
 
   void run(const Task& task);
-  int size() const { return static_cast<int>(threads_.size()); }
+  int size() const { return devices_; }
 
  private:
-  void loop(int device, int threads_per_device);
+  void loop(int device);
+  void run_one(int device, const Task& task);
 
   OnError on_error_;
+  int devices_;
+  int threads_per_device_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const Task* task_ = nullptr;
