@@ -1,6 +1,8 @@
-// `lockstep train`: trains a built-in model on Fashion-MNIST on one device, with progress
-// on stderr, metrics.jsonl / checkpoint.safetensors / summary.json under --out, and the
-// test accuracy on stdout.
+// `lockstep train`: trains a built-in model on Fashion-MNIST on every local device, with
+// progress on stderr, metrics.jsonl / checkpoint.safetensors / summary.json under --out,
+// the per-device time table on stderr, and the test accuracy on stdout. Every run, one
+// device or many, takes the same tree-shaped step (parallel/data_parallel.h), so
+// `weights_sha256` depends on (seed, batch, micro-batch) and not on the device count.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -22,7 +24,9 @@
 #include "lockstep/optim/adamw.h"
 #include "lockstep/optim/schedule.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/parallel/data_parallel.h"
 #include "tools/commands.h"
+#include "tools/device_report.h"
 #include "tools/flags.h"
 #include "tools/train_checkpoint.h"
 
@@ -106,6 +110,11 @@ nlohmann::json memory_json(Device device) {
 
 void check_options(const TrainOptions& options) {
   LOCKSTEP_CHECK(options.batch_size > 0) << "--batch-size must be at least 1, got " << options.batch_size;
+  LOCKSTEP_CHECK(options.micro_batch > 0) << "--micro-batch must be at least 1, got " << options.micro_batch;
+  LOCKSTEP_CHECK(options.devices >= 1) << "--devices must be 1 or more, got " << options.devices;
+  const std::string layout =
+      parallel::DataParallel::check_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices));
+  if (!layout.empty()) throw UsageError(layout);
   LOCKSTEP_CHECK(options.epochs >= 0) << "--epochs must be 0 or more, got " << options.epochs;
   LOCKSTEP_CHECK(options.steps >= -1) << "--steps must be 0 or more, got " << options.steps;
   LOCKSTEP_CHECK(options.lr > 0 && std::isfinite(options.lr)) << "--lr must be a positive number, got " << options.lr;
@@ -123,19 +132,24 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("model", &options.model, "cnn or mlp");
   flags.add("epochs", &options.epochs, "passes over the training set");
   flags.add("steps", &options.steps, "optimizer steps to take (default: --epochs worth; 0: only evaluate)");
-  flags.add("batch-size", &options.batch_size, "samples per step");
+  flags.add("batch-size", &options.batch_size, "samples per step, over all devices");
+  flags.add("micro-batch", &options.micro_batch,
+            "samples per forward/backward pass (default: batch-size / 8 where it divides); with the seed and batch "
+            "size it fixes the result");
+  flags.add("devices", &options.devices, "CPU devices to train on (default: one per core)");
   flags.add("lr", &options.lr, "learning rate (default 0.05 for sgd, 0.001 for adamw)");
   flags.add("optimizer", &options.optimizer, "sgd or adamw");
   flags.add("momentum", &options.momentum, "SGD momentum");
   flags.add("weight-decay", &options.weight_decay, "weight decay");
   flags.add("lr-schedule", &options.lr_schedule, "constant | step:N[:GAMMA] | cosine[:warmup=N]");
   flags.add("seed", &options.seed, "seed of initialization, data order and dropout");
-  flags.add("threads", &options.threads, "compute threads (default: every core)");
+  flags.add("threads", &options.threads, "compute threads in all, shared by the devices (default: every core)");
   flags.add("data", &options.data_dir, std::string("Fashion-MNIST folder (default ") + kFashionMnistDefaultDir + ")");
   flags.add("out", &options.out_dir, "output folder (default runs/<timestamp>, or the --resume folder)");
   flags.add("resume", &options.resume_dir, "continue the run whose checkpoint is in this folder");
   flags.add("init", &options.init_file, "start from these weights (.safetensors, PyTorch names)");
   flags.add("log-every", &options.log_every, "steps between metrics.jsonl lines");
+  flags.add("trace", &options.trace_file, "write each device's steps as a Chrome trace (opens in Perfetto)");
   flags.add_switch("quiet", &options.quiet, "no progress display");
   if (!flags.parse(args)) return 0;
 
@@ -150,9 +164,23 @@ int train_main(const std::vector<std::string>& args) {
                               [&](const std::string& flag) { return flags.given(flag); });
   }
   if (options.lr < 0) options.lr = default_lr(options.optimizer);
+  if (options.micro_batch < 0) options.micro_batch = default_micro_batch(options.batch_size);
+  if (options.devices == 0) {
+    // Every core a device, or as many as can share the step's micro-batches (3 cores and 8
+    // micro-batches: 2 devices).
+    options.devices = host_cores();
+    while (options.devices > 1 && !parallel::DataParallel::check_layout(options.batch_size, options.micro_batch,
+                                                                        static_cast<int>(options.devices))
+                                       .empty()) {
+      --options.devices;
+    }
+  }
   check_options(options);
   const optim::Schedule schedule = optim::parse_schedule(options.lr_schedule);
-  set_num_threads(options.threads > 0 ? static_cast<int>(options.threads) : host_cores());
+  const int threads = options.threads > 0 ? static_cast<int>(options.threads) : host_cores();
+  set_num_threads(threads);  // evaluation, on this thread
+  const int devices = static_cast<int>(options.devices);
+  const int threads_per_device = std::max(1, threads / devices);
   const Device device = Device::cpu(0);
 
   const std::string data_dir = options.data_dir.empty() ? kFashionMnistDefaultDir : options.data_dir;
@@ -160,22 +188,37 @@ int train_main(const std::vector<std::string>& args) {
   const Dataset test_set = load_fashion_mnist(data_dir, Split::test);
   LOCKSTEP_CHECK(train_set.size() > 0) << "the training set in " << data_dir << " is empty";
 
-  const std::shared_ptr<nn::Module> model = nn::make_model(options.model, options.seed);
-  if (!options.init_file.empty()) {
-    const TensorFile init = load_safetensors(options.init_file);
-    try {
-      model->load_state_dict(init.tensors);
-    } catch (const Error& e) {
-      LOCKSTEP_FAIL() << "--init " << options.init_file << " does not fit model '" << options.model
-                      << "': " << e.what();
-    }
-  }
-  const std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(options, *model);
+  const std::optional<TensorFile> init =
+      options.init_file.empty() ? std::nullopt : std::optional<TensorFile>(load_safetensors(options.init_file));
+  parallel::DataParallel dp(
+      {.devices = devices, .micro_batch = options.micro_batch, .threads_per_device = threads_per_device},
+      [&](int) {
+        std::shared_ptr<nn::Module> replica = nn::make_model(options.model, options.seed);
+        if (init) {
+          try {
+            replica->load_state_dict(init->tensors);
+          } catch (const Error& e) {
+            LOCKSTEP_FAIL() << "--init " << options.init_file << " does not fit model '" << options.model
+                            << "': " << e.what();
+          }
+        }
+        return replica;
+      },
+      [&](nn::Module& replica) { return make_optimizer(options, replica); });
+  nn::Module& model = dp.replica(0);
 
-  DataLoader loader(train_set, {.batch_size = options.batch_size, .shuffle = true, .seed = options.seed});
+  // The last batch of an epoch is dropped when it is short: a partial batch would make a
+  // step whose tree depends on how it is cut.
+  DataLoader loader(train_set,
+                    {.batch_size = options.batch_size, .shuffle = true, .seed = options.seed, .drop_last = true});
+  LOCKSTEP_CHECK(loader.batches_per_epoch() > 0)
+      << "--batch-size " << options.batch_size << " is larger than the training set (" << train_set.size()
+      << " samples)";
   RunPosition position;
   if (checkpoint) {
-    position = restore_train_checkpoint(*checkpoint, checkpoint_path, *model, *optimizer);
+    for (int d = 0; d < devices; ++d) {
+      position = restore_train_checkpoint(*checkpoint, checkpoint_path, dp.replica(d), dp.optimizer(d));
+    }
     loader.set_position(position.data);
     checkpoint.reset();
   }
@@ -189,31 +232,37 @@ int train_main(const std::vector<std::string>& args) {
   fs::create_directories(out_dir);
   JsonLinesWriter metrics((fs::path(out_dir) / "metrics.jsonl").string());
 
+  std::vector<std::string> device_names;
+  for (int d = 0; d < devices; ++d) device_names.push_back(Device::cpu(d).str());
+  DeviceReport report(device_names, options.trace_file);
+  const int64_t accumulation = options.batch_size / options.micro_batch / devices;
   if (!options.quiet) {
-    std::fprintf(stderr, "train %s on %s: %lld samples, batch %lld, %s lr %g, %d threads, steps %lld -> %lld\n",
-                 options.model.c_str(), device.str().c_str(), static_cast<long long>(train_set.size()),
-                 static_cast<long long>(options.batch_size), options.optimizer.c_str(), options.lr, num_threads(),
-                 static_cast<long long>(position.step), static_cast<long long>(total_steps));
+    std::fprintf(stderr,
+                 "train %s on %d device%s (%s..%s, %d thread%s each): %lld samples, batch %lld = micro-batch %lld x "
+                 "%lld accumulation x %d devices, %s lr %g, steps %lld -> %lld\n",
+                 options.model.c_str(), devices, devices == 1 ? "" : "s", device_names.front().c_str(),
+                 device_names.back().c_str(), threads_per_device, threads_per_device == 1 ? "" : "s",
+                 static_cast<long long>(train_set.size()), static_cast<long long>(options.batch_size),
+                 static_cast<long long>(options.micro_batch), static_cast<long long>(accumulation), devices,
+                 options.optimizer.c_str(), options.lr, static_cast<long long>(position.step),
+                 static_cast<long long>(total_steps));
   }
   ProgressBar progress(total_steps, options.quiet);
   reset_peak_memory_stats(device);
   const auto start = Clock::now();
   int64_t samples = 0;
   double last_loss = NAN;
-  model->train();
+  for (int d = 0; d < devices; ++d) dp.replica(d).train();
   while (position.step < total_steps) {
     const std::optional<Batch> batch = loader.next();
     if (!batch) continue;  // epoch finished; the loader moved to the next one
-    optimizer->set_lr(lr_schedule.lr_at(options.lr, position.step));
-    model->set_forward_context(
-        {.seed = options.seed, .step = static_cast<uint64_t>(position.step), .first_sample = batch->first_position});
-    const Tensor loss = cross_entropy((*model)(batch->images), batch->labels);
-    loss.backward();
-    optimizer->step();
-    optimizer->zero_grad();
+    dp.set_lr(lr_schedule.lr_at(options.lr, position.step));
+    const parallel::StepResult step = dp.step(batch->images, batch->labels, batch->first_position,
+                                              static_cast<uint64_t>(position.step), options.seed);
+    report.add_step(step.devices);
     ++position.step;
     samples += batch->size();
-    last_loss = loss.item();
+    last_loss = step.loss;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double rate = elapsed > 0 ? static_cast<double>(samples) / elapsed : 0.0;
     progress.update(position.step, batch->epoch, last_loss, rate);
@@ -221,24 +270,28 @@ int train_main(const std::vector<std::string>& args) {
       metrics.write({{"step", position.step},
                      {"epoch", batch->epoch},
                      {"loss", last_loss},
-                     {"lr", optimizer->lr()},
+                     {"lr", dp.optimizer(0).lr()},
                      {"samples_per_second", rate},
+                     {"devices", DeviceReport::step_json(step.devices)},
                      {"memory", {{device.str(), memory_json(device)}}}});
     }
   }
   const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   progress.finish();
   position.data = loader.position();
-  save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, *model, *optimizer, position);
+  save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, model, dp.optimizer(0), position);
+  if (!options.quiet && position.step > 0) std::fputs(report.table().c_str(), stderr);
 
-  const Evaluation test = evaluate(*model, test_set);
+  const Evaluation test = evaluate(model, test_set);
   const double rate = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0;
   const nlohmann::json summary = {
       {"model", options.model},
-      {"device", device.str()},
-      {"threads", num_threads()},
+      {"devices", report.json()},
+      {"threads_per_device", threads_per_device},
       {"seed", options.seed},
       {"batch_size", options.batch_size},
+      {"micro_batch", options.micro_batch},
+      {"accumulation_steps", accumulation},
       {"optimizer", options.optimizer},
       {"lr", options.lr},
       {"steps", position.step},
@@ -250,7 +303,7 @@ int train_main(const std::vector<std::string>& args) {
       {"test_loss", test.loss},
       {"peak_memory_bytes", memory_stats(device).peak_allocated_bytes},
       {"peak_rss_bytes", peak_rss_bytes()},
-      {"weights_sha256", weights_sha256(*model)},
+      {"weights_sha256", weights_sha256(model)},
   };
   write_json_file((fs::path(out_dir) / "summary.json").string(), summary);
   std::printf("test accuracy %.4f  test loss %.4f  (%lld steps, %.0f samples/s)  -> %s\n", test.accuracy, test.loss,

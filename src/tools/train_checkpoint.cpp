@@ -50,6 +50,7 @@ void save_train_checkpoint(const std::string& path, const TrainOptions& options,
       {"optimizer", options.optimizer},
       {"seed", std::to_string(options.seed)},
       {"batch_size", std::to_string(options.batch_size)},
+      {"micro_batch", std::to_string(options.micro_batch)},
       {"step", std::to_string(position.step)},
       {"epoch", std::to_string(position.data.epoch)},
       {"epoch_sample", std::to_string(position.data.sample)},
@@ -70,13 +71,18 @@ void apply_checkpoint_settings(const Checkpoint& checkpoint, const std::string& 
     LOCKSTEP_CHECK(value == saved) << path << " is a checkpoint of a run with --" << flag << " " << saved << ", not "
                                    << value << ": resume with --" << flag << " " << saved << " (or leave the flag out)";
   };
-  std::string seed = std::to_string(options.seed), batch = std::to_string(options.batch_size);
+  std::string seed = std::to_string(options.seed), batch = std::to_string(options.batch_size),
+              micro = std::to_string(options.micro_batch);
   reconcile("model", "model", options.model);
   reconcile("optimizer", "optimizer", options.optimizer);
   reconcile("seed", "seed", seed);
   reconcile("batch-size", "batch_size", batch);
+  // The micro-batch shapes the step's tree, so the run resumes with the one it had; the
+  // device count is free.
+  reconcile("micro-batch", "micro_batch", micro);
   options.seed = std::stoull(seed);
   options.batch_size = std::stoll(batch);
+  options.micro_batch = std::stoll(micro);
 }
 
 RunPosition restore_train_checkpoint(const Checkpoint& checkpoint, const std::string& path, nn::Module& model,

@@ -25,7 +25,7 @@ inline constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 void save_train_checkpoint(const std::string& path, const TrainOptions& options, const nn::Module& model,
                            const optim::Optimizer& optimizer, const RunPosition& position);
 
-// Takes the settings the checkpoint fixes (model, seed, batch size, optimizer) into
+// Takes the settings the checkpoint fixes (model, seed, batch size, micro-batch, optimizer) into
 // options: from the checkpoint when the flag was not given, checked to agree when it was.
 // Also rejects a file that is not a Lockstep training checkpoint.
 void apply_checkpoint_settings(const Checkpoint& checkpoint, const std::string& path, TrainOptions& options,

@@ -9,22 +9,30 @@ namespace lockstep::tools {
 struct TrainOptions {
   std::string model = "cnn";
   int64_t epochs = 1;
-  int64_t steps = -1;  // -1: epochs × batches per epoch; 0: evaluate only
-  int64_t batch_size = 32;
-  double lr = -1;  // -1: the optimizer's default below
+  int64_t steps = -1;        // -1: epochs × batches per epoch; 0: evaluate only
+  int64_t batch_size = 32;   // the global batch: every device's samples of one step
+  int64_t micro_batch = -1;  // -1: default_micro_batch(batch_size)
+  int64_t devices = 0;       // 0: every local device (one CPU device per core)
+  double lr = -1;            // -1: the optimizer's default below
   std::string optimizer = "sgd";
   double momentum = 0.9;
   double weight_decay = 0.0;
   std::string lr_schedule = "cosine";
   uint64_t seed = 0;
-  int64_t threads = 0;  // 0: every core
+  int64_t threads = 0;  // in all, shared by the devices; 0: every core
   std::string data_dir;
   std::string out_dir;
   std::string resume_dir;
   std::string init_file;
   int64_t log_every = 50;
+  std::string trace_file;
   bool quiet = false;
 };
+
+// The micro-batch used when --micro-batch is not given: an eighth of the batch where it
+// divides, so 1, 2, 4 and 8 devices can share the same step without changing its bits
+// (the answer depends on the micro-batch, never on the device count).
+inline int64_t default_micro_batch(int64_t batch_size) { return batch_size % 8 == 0 ? batch_size / 8 : batch_size; }
 
 // The learning rate used when --lr is not given.
 inline double default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3 : 0.05; }

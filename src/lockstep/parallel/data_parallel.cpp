@@ -94,6 +94,7 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
                               uint64_t step, uint64_t seed, StepResult& result) {
   DeviceTimes& times = result.devices[static_cast<size_t>(device)];
   Clock::time_point start = Clock::now();
+  times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   nn::Module& model = *replicas_[device];
   const std::vector<Tensor> params = model.parameters();
   const int64_t total = model.num_parameters();

@@ -27,6 +27,7 @@ struct DataParallelOptions {
 
 // Where one device's time in a step went, in seconds.
 struct DeviceTimes {
+  double started = 0;      // when the device began the step, on the steady clock
   double compute = 0;      // forward, backward and folding its micro-batches
   double wait = 0;         // at the all-reduce, until the slowest device arrived
   double communicate = 0;  // the all-reduce itself
