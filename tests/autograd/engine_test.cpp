@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "lockstep/autograd/node.h"
 #include "lockstep/ops/linalg.h"
 #include "testing/gradcheck.h"
@@ -99,6 +102,28 @@ TEST(Autograd, DetachCutsHistory) {
   const Tensor d = matmul(a, a).detach();
   EXPECT_FALSE(d.requires_grad());
   EXPECT_TRUE(d.is_leaf());
+}
+
+// The hook runs once per backward, after every contribution (a used twice) is in grad, and
+// in the order backward reaches the leaves: b (nearer the loss) before a.
+TEST(Autograd, PostAccumulateGradHookSeesTheFinalGradientOnce) {
+  const Tensor a = random_f64({2, 2}, 16).set_requires_grad(true);
+  const Tensor b = random_f64({2, 2}, 17).set_requires_grad(true);
+  std::vector<std::string> calls;
+  std::vector<double> a_grad_seen;
+  a.set_post_accumulate_grad_hook([&] {
+    calls.push_back("a");
+    a_grad_seen = a.grad().to_vector<double>();
+  });
+  b.set_post_accumulate_grad_hook([&] { calls.push_back("b"); });
+  const Tensor c = matmul(matmul(a, a), b);  // a feeds two inputs of the first product
+  c.backward(Tensor::ones({2, 2}, DType::f64));
+  EXPECT_EQ(calls, (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(a_grad_seen, a.grad().to_vector<double>());
+  a.set_post_accumulate_grad_hook(nullptr);
+  matmul(a, b).backward(Tensor::ones({2, 2}, DType::f64));
+  EXPECT_EQ(calls.size(), 3u);  // only b's hook is left
+  EXPECT_THROW(matmul(a, b).set_post_accumulate_grad_hook([] {}), Error);
 }
 
 }  // namespace

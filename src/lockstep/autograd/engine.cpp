@@ -83,6 +83,8 @@ class AccumulateGrad final : public Node {
     } else {
       add_into(Tensor(leaf_->grad), g);
     }
+    // The engine runs this node once, with every contribution summed: the grad is final.
+    if (const auto hook = leaf_->post_accumulate_grad_hook) (*hook)();
     return {};
   }
   const char* name() const override { return "AccumulateGrad"; }
@@ -148,6 +150,11 @@ Tensor& Tensor::set_requires_grad(bool requires_grad) {
       << "only floating-point tensors can require grad, this one is " << dtype_name(dtype());
   impl()->requires_grad = requires_grad;
   return *this;
+}
+
+void Tensor::set_post_accumulate_grad_hook(std::function<void()> hook) const {
+  LOCKSTEP_CHECK(is_leaf()) << "a post-accumulate-grad hook goes on a leaf (a parameter), not on an op's result";
+  impl()->post_accumulate_grad_hook = hook ? std::make_shared<const std::function<void()>>(std::move(hook)) : nullptr;
 }
 
 Tensor Tensor::detach() const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <vector>
@@ -35,6 +36,8 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_fn;
   uint32_t output_nr = 0;
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only; made on first use
+  // Leaves only: runs once a backward pass has added all of its contributions into grad.
+  std::shared_ptr<const std::function<void()>> post_accumulate_grad_hook;
 };
 
 class Tensor {
@@ -100,6 +103,11 @@ class Tensor {
   const std::shared_ptr<autograd::Node>& grad_fn() const { return impl()->grad_fn; }
   Tensor grad() const { return Tensor(impl()->grad); }
   void set_grad(const Tensor& grad) const { impl()->grad = grad.impl_; }
+  // Calls hook() each time a backward pass has finished accumulating into this leaf's grad
+  // (PyTorch's register_post_accumulate_grad_hook): data parallelism starts reducing a
+  // bucket of gradients while backward computes the rest. One hook per leaf; an empty
+  // function removes it.
+  void set_post_accumulate_grad_hook(std::function<void()> hook) const;
   // Same bytes, no history, requires_grad false.
   Tensor detach() const;
   // Computes gradients of this tensor with respect to every leaf that requires grad.
