@@ -43,6 +43,39 @@ TEST(GradientTree, EveryLeafCountFoldsInTreeOrder) {
   }
 }
 
+// The final leaf folded range by range, in any order of ranges, is the tree's sum.
+TEST(GradientTree, FinishRangeGivesTheTreesBitsRangeByRange) {
+  for (int n = 1; n <= 12; ++n) {
+    const int64_t count = 64;
+    std::vector<std::vector<float>> columns(count);
+    GradientTree tree;
+    std::vector<float> last(count);
+    for (int leaf = 0; leaf < n; ++leaf) {
+      std::vector<float> values(count);
+      for (int64_t i = 0; i < count; ++i) {
+        values[i] = comm::testing::irregular_value(leaf, i);
+        columns[i].push_back(values[i]);
+      }
+      if (leaf + 1 < n) {
+        tree.add_leaf({Tensor::from_vector(values, {count})});
+      } else {
+        last = values;
+      }
+    }
+    const Tensor out = Tensor::from_vector(last, {count});
+    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{40, 64}, {0, 17}, {17, 40}}) {
+      tree.finish_range(out, begin, end);
+    }
+    tree.clear();
+    EXPECT_EQ(tree.leaves(), 0);
+    const float* got = out.data<float>();
+    for (int64_t i = 0; i < count; ++i) {
+      const float want = fold(columns[i], 0, columns[i].size());
+      ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << n << " leaves, element " << i;
+    }
+  }
+}
+
 TEST(GradientTree, MismatchedLeavesAreErrors) {
   GradientTree tree;
   tree.add_leaf({Tensor::zeros({3})});

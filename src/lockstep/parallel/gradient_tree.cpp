@@ -29,6 +29,28 @@ void GradientTree::add_leaf(std::vector<Tensor> leaf) {
   }
 }
 
+void GradientTree::finish_range(const Tensor& last, int64_t begin, int64_t end) const {
+  LOCKSTEP_CHECK(last.is_contiguous() && begin >= 0 && begin <= end && end <= last.numel())
+      << "finish_range: elements [" << begin << ", " << end << ") of a tensor of " << last.numel();
+  const size_t element = dtype_size(last.dtype());
+  char* out = static_cast<char*>(last.raw_data()) + static_cast<size_t>(begin) * element;
+  // The counter's merges and finish() both fold the subtrees from the right: S0 + (S1 + ...
+  // (Sm + last)), each addition with the earlier samples on the left.
+  for (size_t i = stack_.size(); i-- > 0;) {
+    const Tensor& sum = stack_[i].sums.at(0);
+    LOCKSTEP_CHECK(stack_[i].sums.size() == 1 && sum.numel() == last.numel() && sum.dtype() == last.dtype())
+        << "finish_range needs leaves of one flat tensor like `last` (" << last.numel() << " "
+        << dtype_name(last.dtype()) << ")";
+    const void* inputs[2] = {static_cast<const char*>(sum.raw_data()) + static_cast<size_t>(begin) * element, out};
+    comm::tree_reduce(inputs, 2, out, end - begin, last.dtype(), comm::ReduceOp::sum);
+  }
+}
+
+void GradientTree::clear() {
+  stack_.clear();
+  leaves_ = 0;
+}
+
 std::vector<Tensor> GradientTree::finish() {
   LOCKSTEP_CHECK(!stack_.empty()) << "GradientTree::finish with no leaves";
   while (stack_.size() >= 2) {

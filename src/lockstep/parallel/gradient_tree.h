@@ -22,6 +22,14 @@ class GradientTree {
   std::vector<Tensor> finish();
   int64_t leaves() const { return leaves_; }
 
+  // For leaves of one flat tensor: writes into elements [begin, end) of `last` what
+  // add_leaf(last) then finish() would give there — the sum of every leaf so far with
+  // `last` as the final one — and leaves the tree as it is. Distributed data parallelism
+  // reduces each bucket of the final micro-batch this way while backward still computes
+  // the others. clear() once every range is done.
+  void finish_range(const Tensor& last, int64_t begin, int64_t end) const;
+  void clear();
+
  private:
   struct Subtree {
     int64_t leaves = 0;
