@@ -113,7 +113,7 @@ void check_options(const TrainOptions& options) {
   LOCKSTEP_CHECK(options.micro_batch > 0) << "--micro-batch must be at least 1, got " << options.micro_batch;
   LOCKSTEP_CHECK(options.devices >= 1) << "--devices must be 1 or more, got " << options.devices;
   const std::string layout =
-      parallel::DataParallel::check_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices));
+      parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices));
   if (!layout.empty()) throw UsageError(layout);
   LOCKSTEP_CHECK(options.epochs >= 0) << "--epochs must be 0 or more, got " << options.epochs;
   LOCKSTEP_CHECK(options.steps >= -1) << "--steps must be 0 or more, got " << options.steps;
@@ -169,9 +169,9 @@ int train_main(const std::vector<std::string>& args) {
     // Every core a device, or as many as can share the step's micro-batches (3 cores and 8
     // micro-batches: 2 devices).
     options.devices = host_cores();
-    while (options.devices > 1 && !parallel::DataParallel::check_layout(options.batch_size, options.micro_batch,
-                                                                        static_cast<int>(options.devices))
-                                       .empty()) {
+    while (options.devices > 1 &&
+           !parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices))
+                .empty()) {
       --options.devices;
     }
   }

@@ -1,8 +1,6 @@
 #include "lockstep/parallel/data_parallel.h"
 
-#include <bit>
 #include <chrono>
-#include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/comm/local_communicator.h"
@@ -16,29 +14,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-Tensor view_at(const Tensor& flat, const Shape& shape, int64_t offset) {
-  return flat.as_strided(shape, contiguous_strides(shape), offset);
-}
-
-// One micro-batch's gradients as one flat buffer in parameter order, taken out of the
-// parameters' .grad (a parameter that got no gradient contributes zeros).
-Tensor take_gradients(const std::vector<Tensor>& params, int64_t total) {
-  Tensor flat = Tensor::empty({total}, params.front().dtype(), params.front().device());
-  int64_t offset = 0;
-  for (const Tensor& p : params) {
-    const Tensor view = view_at(flat, p.shape(), offset);
-    const Tensor g = p.grad();
-    if (g.defined()) {
-      view.copy_from(g);
-    } else {
-      view.zero();
-    }
-    p.set_grad(Tensor());
-    offset += p.numel();
-  }
-  return flat;
-}
-
 }  // namespace
 
 DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
@@ -49,13 +24,7 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
   for (int d = 0; d < options.devices; ++d) {
     replicas_.push_back(make_replica(d));
-    const std::vector<Tensor> params = replicas_.back()->parameters();
-    LOCKSTEP_CHECK(!params.empty()) << "data parallel needs a model with parameters";
-    for (const Tensor& p : params) {
-      LOCKSTEP_CHECK(p.dtype() == params.front().dtype())
-          << "data parallel needs parameters of one dtype (their gradients travel as one buffer); this model mixes "
-          << dtype_name(params.front().dtype()) << " and " << dtype_name(p.dtype());
-    }
+    gradients_.emplace_back(replicas_.back()->parameters());
     optimizers_.push_back(make_optimizer(*replicas_.back()));
   }
   comms_ = comm::LocalCommunicator::create_group(options.devices);
@@ -72,32 +41,13 @@ void DataParallel::set_lr(double lr) {
   for (const auto& optimizer : optimizers_) optimizer->set_lr(lr);
 }
 
-std::string DataParallel::check_layout(int64_t batch, int64_t micro_batch, int devices) {
-  std::ostringstream error;
-  if (micro_batch < 1 || batch % micro_batch != 0) {
-    error << "the global batch (" << batch << ") must be a multiple of the micro-batch (" << micro_batch << ")";
-    return error.str();
-  }
-  const int64_t leaves = batch / micro_batch;
-  const int64_t per_device = leaves / devices;
-  if (leaves % devices != 0 || (devices > 1 && !std::has_single_bit(static_cast<uint64_t>(per_device)))) {
-    error << "a global batch of " << batch << " in micro-batches of " << micro_batch << " is " << leaves
-          << " micro-batches, which " << devices
-          << " devices cannot share as equal power-of-two runs (global = micro-batch x accumulation steps x devices, "
-             "accumulation steps 1, 2, 4, ...; the step's tree must split at device boundaries): use a device count "
-             "that leaves each device 1, 2, 4, ... micro-batches, or change --batch-size or --micro-batch";
-  }
-  return error.str();
-}
-
 void DataParallel::run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample,
                               uint64_t step, uint64_t seed, StepResult& result) {
   DeviceTimes& times = result.devices[static_cast<size_t>(device)];
   Clock::time_point start = Clock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   nn::Module& model = *replicas_[device];
-  const std::vector<Tensor> params = model.parameters();
-  const int64_t total = model.num_parameters();
+  const FlatGradients& gradients = gradients_[static_cast<size_t>(device)];
   const int64_t batch = images.size(0);
   const int64_t micro = options_.micro_batch;
   const int64_t per_device = batch / devices();
@@ -113,7 +63,7 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
     micro_loss.backward(seed_gradient);
     // The loss rides along as a second leaf entry, so it is summed in the same order.
     tree.add_leaf(
-        {take_gradients(params, total), Tensor::full({1}, micro_loss.item() / static_cast<double>(batch), DType::f64)});
+        {gradients.take_all(), Tensor::full({1}, micro_loss.item() / static_cast<double>(batch), DType::f64)});
   }
   std::vector<Tensor> sums = tree.finish();
   times.compute = seconds_since(start);
@@ -127,11 +77,7 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   times.communicate = seconds_since(start);
 
   start = Clock::now();
-  int64_t offset = 0;
-  for (const Tensor& p : params) {
-    p.set_grad(view_at(sums[0], p.shape(), offset));
-    offset += p.numel();
-  }
+  gradients.give(sums[0]);
   if (device == 0) result.loss = sums[1].data<double>()[0];
   optimizers_[device]->step();
   optimizers_[device]->zero_grad();
@@ -142,7 +88,7 @@ StepResult DataParallel::step(const Tensor& images, const Tensor& labels, int64_
                               uint64_t seed) {
   const int64_t batch = images.size(0);
   LOCKSTEP_CHECK(labels.size(0) == batch) << "images hold " << batch << " samples but labels " << labels.size(0);
-  const std::string layout_error = check_layout(batch, options_.micro_batch, devices());
+  const std::string layout_error = check_step_layout(batch, options_.micro_batch, devices());
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
   StepResult result;
   result.devices.resize(static_cast<size_t>(devices()));

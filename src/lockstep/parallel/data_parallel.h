@@ -16,6 +16,8 @@
 #include "lockstep/nn/module.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/device_workers.h"
+#include "lockstep/parallel/flat_gradients.h"
+#include "lockstep/parallel/step.h"
 
 namespace lockstep::parallel {
 
@@ -23,20 +25,6 @@ struct DataParallelOptions {
   int devices = 1;
   int64_t micro_batch = 1;  // samples per micro-batch: the leaf of the step's tree
   int threads_per_device = 1;
-};
-
-// Where one device's time in a step went, in seconds.
-struct DeviceTimes {
-  double started = 0;      // when the device began the step, on the steady clock
-  double compute = 0;      // forward, backward and folding its micro-batches
-  double wait = 0;         // at the all-reduce, until the slowest device arrived
-  double communicate = 0;  // the all-reduce itself
-  double optimizer = 0;    // the optimizer step
-};
-
-struct StepResult {
-  double loss = 0;  // mean cross-entropy over the global batch, summed in tree order
-  std::vector<DeviceTimes> devices;
 };
 
 class DataParallel {
@@ -53,11 +41,8 @@ class DataParallel {
   // One optimizer step on a global batch (images [B, ...], labels [B]) whose first sample
   // has global index first_sample (dropout masks are keyed by it). B must be a multiple of
   // micro_batch, and B / micro_batch a multiple of devices() whose quotient is a power of
-  // two; the error says which sizes work.
+  // two (check_step_layout); the error says which sizes work.
   StepResult step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed);
-
-  // The sizes step() accepts, as an error message naming the arithmetic, or "" if fine.
-  static std::string check_layout(int64_t batch, int64_t micro_batch, int devices);
 
   int devices() const { return static_cast<int>(replicas_.size()); }
   int64_t micro_batch() const { return options_.micro_batch; }
@@ -74,6 +59,7 @@ class DataParallel {
 
   DataParallelOptions options_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;
+  std::vector<FlatGradients> gradients_;
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
   std::vector<std::shared_ptr<comm::Communicator>> comms_;
   std::unique_ptr<DeviceWorkers> workers_;
