@@ -1,0 +1,170 @@
+#include "lockstep/parallel/distributed_data_parallel.h"
+
+#include <chrono>
+
+#include "lockstep/ops/ops.h"
+
+namespace lockstep::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Buckets over the parameters in reverse order (backward's order), each closed once it
+// holds `limit` bytes: the first with first_limit, so the first all-reduce starts early.
+std::vector<GradientBucket> plan_buckets(const FlatGradients& gradients, int64_t first_limit, int64_t limit) {
+  const std::vector<Tensor>& params = gradients.params();
+  const int64_t element = static_cast<int64_t>(dtype_size(params.front().dtype()));
+  std::vector<GradientBucket> buckets;
+  GradientBucket current;
+  for (size_t i = params.size(); i-- > 0;) {
+    current.params.push_back(i);
+    current.end = gradients.offset(i) + params[i].numel();
+    const int64_t cap = buckets.empty() ? first_limit : limit;
+    if ((current.end - current.begin) * element >= cap) {
+      buckets.push_back(current);
+      current = GradientBucket{.begin = current.end, .end = current.end, .params = {}};
+    }
+  }
+  if (!current.params.empty()) buckets.push_back(current);
+  return buckets;
+}
+
+Tensor range_of(const Tensor& flat, int64_t begin, int64_t end) {
+  return flat.as_strided({end - begin}, {1}, flat.offset() + begin);
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> model,
+                                                 std::unique_ptr<optim::Optimizer> optimizer,
+                                                 std::shared_ptr<comm::Communicator> comm,
+                                                 const DistributedDataParallelOptions& options)
+    : model_(std::move(model)),
+      optimizer_(std::move(optimizer)),
+      comm_(std::move(comm)),
+      options_(options),
+      gradients_(model_->parameters()) {
+  LOCKSTEP_CHECK(options.micro_batch >= 1)
+      << "the micro-batch must hold at least one sample, got " << options.micro_batch;
+  LOCKSTEP_CHECK(options.bucket_bytes >= 1 && options.first_bucket_bytes >= 1)
+      << "bucket sizes must be at least one byte, got " << options.first_bucket_bytes << " (first) and "
+      << options.bucket_bytes;
+  // Every rank starts from rank 0's weights and buffers.
+  for (const auto& [name, tensor] : model_->state_dict()) comm_->broadcast(tensor, 0);
+
+  buckets_ = plan_buckets(gradients_, options.first_bucket_bytes, options.bucket_bytes);
+  bucket_of_.resize(gradients_.params().size());
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (size_t p : buckets_[b].params) bucket_of_[p] = b;
+  for (size_t i = 0; i < gradients_.params().size(); ++i) {
+    gradients_.params()[i].set_post_accumulate_grad_hook([this, i] { on_gradient_ready(i); });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (const Tensor& p : gradients_.params()) p.set_post_accumulate_grad_hook(nullptr);
+}
+
+void DistributedDataParallel::on_gradient_ready(size_t param) {
+  if (!collecting_ || taken_[param]) return;
+  gradients_.take(param, last_leaf_);
+  taken_[param] = true;
+  --missing_[bucket_of_[param]];
+  start_ready_buckets();
+}
+
+void DistributedDataParallel::start_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0) {
+    const GradientBucket& bucket = buckets_[next_bucket_++];
+    // This rank's subtree over the bucket's range, then the tree's top across ranks.
+    tree_.finish_range(last_leaf_, bucket.begin, bucket.end);
+    works_.push_back(comm_->all_reduce_async(range_of(last_leaf_, bucket.begin, bucket.end)));
+  }
+}
+
+StepResult DistributedDataParallel::step(const Tensor& images, const Tensor& labels, int64_t first_sample,
+                                         uint64_t step, uint64_t seed) {
+  StepResult result;
+  result.devices.resize(1);
+  try {
+    run_step(images, labels, first_sample, step, seed, result);
+  } catch (const std::exception& error) {
+    collecting_ = false;
+    for (const comm::Work& work : works_) {
+      try {
+        work.wait();  // none may still read last_leaf_
+      } catch (const std::exception&) {
+      }
+    }
+    works_.clear();
+    tree_.clear();
+    comm_->abort("rank " + std::to_string(comm_->rank()) + ": " + error.what());
+    throw;
+  }
+  return result;
+}
+
+void DistributedDataParallel::run_step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
+                                       uint64_t seed, StepResult& result) {
+  DeviceTimes& times = result.devices[0];
+  Clock::time_point start = Clock::now();
+  times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
+  const int64_t local = images.size(0);
+  LOCKSTEP_CHECK(labels.size(0) == local) << "images hold " << local << " samples but labels " << labels.size(0);
+  LOCKSTEP_CHECK(local > 0) << "a step needs samples on every rank; rank " << comm_->rank() << " got none";
+  const int64_t batch = local * comm_->size();
+  const std::string layout_error = check_step_layout(batch, options_.micro_batch, comm_->size());
+  LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
+
+  const int64_t micro = options_.micro_batch;
+  const Tensor seed_gradient = Tensor::scalar(1.0 / static_cast<double>(batch));
+  GradientTree losses;
+  for (int64_t first = 0; first < local; first += micro) {
+    const bool last = first + micro == local;
+    if (last) {
+      last_leaf_ = gradients_.empty_buffer();
+      taken_.assign(gradients_.params().size(), false);
+      missing_.clear();
+      for (const GradientBucket& bucket : buckets_) missing_.push_back(bucket.params.size());
+      next_bucket_ = 0;
+      collecting_ = true;
+    }
+    const Tensor x = slice(images, 0, first, first + micro);
+    const Tensor y = slice(labels, 0, first, first + micro);
+    model_->set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
+    // Each micro-batch adds its loss sum with the same 1/B, whichever rank runs it.
+    const Tensor micro_loss = cross_entropy((*model_)(x), y, Reduction::sum);
+    micro_loss.backward(seed_gradient);
+    losses.add_leaf({Tensor::full({1}, micro_loss.item() / static_cast<double>(batch), DType::f64)});
+    if (!last) tree_.add_leaf({gradients_.take_all()});
+  }
+  // Parameters backward did not reach (unused in this step) count as zeros.
+  collecting_ = false;
+  for (size_t i = 0; i < gradients_.params().size(); ++i) {
+    if (taken_[i]) continue;
+    gradients_.take(i, last_leaf_);
+    --missing_[bucket_of_[i]];
+  }
+  start_ready_buckets();
+  times.compute = seconds_since(start);
+
+  start = Clock::now();
+  for (const comm::Work& work : works_) work.wait();
+  works_.clear();
+  tree_.clear();
+  const Tensor loss = losses.finish()[0];
+  comm_->all_reduce(loss);
+  result.loss = loss.data<double>()[0];
+  times.communicate = seconds_since(start);
+
+  start = Clock::now();
+  gradients_.give(last_leaf_);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  last_leaf_ = Tensor();
+  times.optimizer = seconds_since(start);
+}
+
+}  // namespace lockstep::parallel

@@ -1,0 +1,87 @@
+// Distributed data parallelism: one process (or thread) per device, each with its own
+// replica and a Communicator (`shm`, `mpi`, `local`, later `nccl`) — PyTorch's
+// DistributedDataParallel, with the step-is-a-tree guarantee:
+// - at construction rank 0's parameters and buffers are broadcast, so every rank starts
+//   from the same weights;
+// - a step runs this rank's run of micro-batches; on all but the last, gradients are folded
+//   locally and nothing is communicated (PyTorch's no_sync);
+// - during the last micro-batch's backward, gradients are packed into buckets (parameters
+//   in reverse order, the first bucket small so communication starts early); as soon as a
+//   bucket is complete its part of the rank's subtree is folded and its all-reduce starts,
+//   overlapping communication with the rest of backward. Buckets start in order on every
+//   rank; parameters that got no gradient count as zeros;
+// - then the loss is reduced and the optimizer steps.
+// The weights are the bits DataParallel gives on as many devices, and one device gives.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/comm/work.h"
+#include "lockstep/nn/module.h"
+#include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/flat_gradients.h"
+#include "lockstep/parallel/gradient_tree.h"
+#include "lockstep/parallel/step.h"
+
+namespace lockstep::parallel {
+
+struct DistributedDataParallelOptions {
+  int64_t micro_batch = 1;                   // samples per micro-batch: the leaf of the step's tree
+  int64_t bucket_bytes = int64_t{25} << 20;  // gradient bytes per all-reduce (PyTorch's bucket_cap_mb)
+  int64_t first_bucket_bytes = int64_t{1} << 20;
+};
+
+// A contiguous range of the flat gradient buffer, reduced by one all-reduce.
+struct GradientBucket {
+  int64_t begin = 0, end = 0;  // elements
+  std::vector<size_t> params;  // indices into model.parameters()
+};
+
+class DistributedDataParallel {
+ public:
+  // model: this rank's replica; optimizer: over model's parameters. The communicator's
+  // ranks are the devices.
+  DistributedDataParallel(std::shared_ptr<nn::Module> model, std::unique_ptr<optim::Optimizer> optimizer,
+                          std::shared_ptr<comm::Communicator> comm, const DistributedDataParallelOptions& options);
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // One optimizer step. images [b, ...] and labels [b] are this rank's share of the global
+  // batch (b × size() samples, the same b on every rank); first_sample is the global index
+  // of this rank's first sample (dropout masks are keyed by it). An error on one rank
+  // aborts the communicator, so the others stop at once instead of waiting for it.
+  StepResult step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed);
+
+  nn::Module& module() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  comm::Communicator& communicator() { return *comm_; }
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+
+ private:
+  void run_step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed,
+                StepResult& result);
+  void on_gradient_ready(size_t param);
+  void start_ready_buckets();
+
+  std::shared_ptr<nn::Module> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::shared_ptr<comm::Communicator> comm_;
+  DistributedDataParallelOptions options_;
+  FlatGradients gradients_;
+  std::vector<GradientBucket> buckets_;
+  std::vector<size_t> bucket_of_;  // per parameter
+
+  // The step in flight.
+  GradientTree tree_;
+  Tensor last_leaf_;             // the final micro-batch's gradients, reduced bucket by bucket
+  bool collecting_ = false;      // inside the final micro-batch's backward
+  std::vector<bool> taken_;      // per parameter: its gradient is in last_leaf_
+  std::vector<size_t> missing_;  // per bucket: parameters not yet taken
+  size_t next_bucket_ = 0;       // buckets start in order
+  std::vector<comm::Work> works_;
+};
+
+}  // namespace lockstep::parallel

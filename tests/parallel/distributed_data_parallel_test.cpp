@@ -1,0 +1,200 @@
+// Distributed data parallelism with ranks as threads over the `local` backend: the weights
+// are the bits of DataParallel on as many devices (and of one device), whatever the bucket
+// sizes; rank 0's weights reach every rank; unused parameters and a failing rank are
+// handled. The process backends run it through `lockstep train --strategy ddp`.
+#include "lockstep/parallel/distributed_data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/parallel.h"
+#include "lockstep/core/philox.h"
+#include "lockstep/nn/linear.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/ops/ops.h"
+#include "lockstep/optim/sgd.h"
+#include "lockstep/parallel/data_parallel.h"
+
+namespace lockstep::parallel {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+
+struct Data {
+  Tensor images, labels;
+};
+
+Data synthetic(int64_t batch, uint64_t step) {
+  Philox rng(kSeed, 1000 + step);
+  std::vector<float> pixels(static_cast<size_t>(batch) * 784);
+  for (float& p : pixels) p = uint_to_unit_float(rng.next_u32());
+  std::vector<int64_t> labels(static_cast<size_t>(batch));
+  for (int64_t& l : labels) l = static_cast<int64_t>(rng.next_u32() % 10);
+  return {Tensor::from_vector(pixels, {batch, 1, 28, 28}), Tensor::from_vector(labels, {batch})};
+}
+
+using Weights = std::vector<std::vector<float>>;
+
+Weights weights(nn::Module& model) {
+  Weights out;
+  for (const Tensor& p : model.parameters()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+std::unique_ptr<optim::Optimizer> sgd(nn::Module& m) {
+  return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+}
+
+// Runs body(rank, comm) on `ranks` threads over one local group; returns each rank's error.
+template <typename Body>
+std::vector<std::string> run_ranks(int ranks, const Body& body) {
+  const auto comms = comm::LocalCommunicator::create_group(ranks);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      set_num_threads(1);
+      try {
+        body(r, comms[static_cast<size_t>(r)]);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+// `steps` DDP steps of a global batch on `ranks` ranks; every rank's final weights. Each
+// rank builds its model from its own seed: the broadcast must make them rank 0's.
+std::vector<Weights> train_ddp(const std::string& model_name, int ranks, int64_t batch, int64_t micro, int steps,
+                               DistributedDataParallelOptions options = {}) {
+  options.micro_batch = micro;
+  std::vector<Weights> out(static_cast<size_t>(ranks));
+  const auto errors = run_ranks(ranks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    auto model = nn::make_model(model_name, kSeed + static_cast<uint64_t>(rank));
+    DistributedDataParallel ddp(model, sgd(*model), comm, options);
+    const int64_t share = batch / ranks;
+    for (int s = 0; s < steps; ++s) {
+      const Data data = synthetic(batch, static_cast<uint64_t>(s));
+      ddp.step(slice(data.images, 0, rank * share, (rank + 1) * share),
+               slice(data.labels, 0, rank * share, (rank + 1) * share), s * batch + rank * share,
+               static_cast<uint64_t>(s), kSeed);
+    }
+    out[static_cast<size_t>(rank)] = weights(*model);
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  return out;
+}
+
+Weights train_dp(const std::string& model_name, int devices, int64_t batch, int64_t micro, int steps) {
+  DataParallel dp(
+      {.devices = devices, .micro_batch = micro}, [&](int) { return nn::make_model(model_name, kSeed); }, sgd);
+  for (int s = 0; s < steps; ++s) {
+    const Data data = synthetic(batch, static_cast<uint64_t>(s));
+    dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
+  }
+  return weights(dp.replica(0));
+}
+
+bool same_bits(const Weights& a, const Weights& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  }
+  return true;
+}
+
+TEST(DistributedDataParallel, SameBitsAsDataParallelAndOneDevice) {
+  const Weights one = train_dp("mlp", 1, 32, 4, 3);
+  for (int ranks : {1, 2, 4}) {
+    const std::vector<Weights> ranks_weights = train_ddp("mlp", ranks, 32, 4, 3);
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_TRUE(same_bits(ranks_weights[static_cast<size_t>(r)], one)) << ranks << " ranks, rank " << r;
+  }
+}
+
+TEST(DistributedDataParallel, BucketSizesDoNotChangeTheBits) {
+  // Buckets of 4 KiB (the first 1 KiB) split the MLP's 2.7 MB of gradients into hundreds of
+  // all-reduces; one bucket of everything is a single one.
+  const auto many = train_ddp("mlp", 2, 16, 4, 2, {.bucket_bytes = 4096, .first_bucket_bytes = 1024});
+  const auto one = train_ddp("mlp", 2, 16, 4, 2, {.bucket_bytes = int64_t{1} << 30, .first_bucket_bytes = 1 << 30});
+  EXPECT_TRUE(same_bits(many[0], one[0]));
+  EXPECT_TRUE(same_bits(train_ddp("cnn", 2, 16, 4, 1)[1], train_dp("cnn", 1, 16, 4, 1)));
+}
+
+TEST(DistributedDataParallel, BucketsCoverTheParametersInBackwardOrder) {
+  run_ranks(1, [](int, std::shared_ptr<comm::Communicator> comm) {
+    auto model = nn::make_model("mlp", kSeed);
+    DistributedDataParallel ddp(model, sgd(*model), comm,
+                                {.micro_batch = 1, .bucket_bytes = 1 << 20, .first_bucket_bytes = 4096});
+    const auto& buckets = ddp.buckets();
+    ASSERT_GE(buckets.size(), 3u);
+    EXPECT_EQ(buckets.front().params.front(), model->parameters().size() - 1);  // the last layer's bias first
+    EXPECT_LE((buckets.front().end - buckets.front().begin) * 4, 4096 + 512 * 10 * 4);
+    int64_t covered = 0;
+    for (const GradientBucket& b : buckets) {
+      EXPECT_EQ(b.begin, covered);
+      covered = b.end;
+    }
+    EXPECT_EQ(covered, model->num_parameters());
+  });
+}
+
+// A parameter forward never uses gets no gradient: it counts as zero, without an error.
+class WithUnusedParameter : public nn::Module {
+ public:
+  WithUnusedParameter() : nn::Module("WithUnusedParameter") {
+    used = register_module("used", std::make_shared<nn::Linear>(784, 10));
+    unused = register_module("unused", std::make_shared<nn::Linear>(3, 3));
+  }
+  Tensor forward(const Tensor& x) override { return (*used)(reshape(x, {x.size(0), 784})); }
+  std::shared_ptr<nn::Linear> used, unused;
+};
+
+TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
+  std::vector<Weights> before(2), after(2);
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    auto model = std::make_shared<WithUnusedParameter>();
+    auto optimizer = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.1});
+    DistributedDataParallel ddp(model, std::move(optimizer), comm, {.micro_batch = 2});
+    before[static_cast<size_t>(rank)] = weights(*model->unused);
+    const Data data = synthetic(8, 0);
+    ddp.step(slice(data.images, 0, rank * 4, rank * 4 + 4), slice(data.labels, 0, rank * 4, rank * 4 + 4), rank * 4, 0,
+             kSeed);
+    after[static_cast<size_t>(rank)] = weights(*model->unused);
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+  EXPECT_EQ(after[0], before[0]);
+  EXPECT_EQ(after[1], before[0]);  // rank 0's weights, from the broadcast
+}
+
+TEST(DistributedDataParallel, AFailingRankStopsTheOthersNamingItself) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    auto model = nn::make_model("mlp", kSeed);
+    DistributedDataParallel ddp(model, sgd(*model), comm, {.micro_batch = 4});
+    Data data = synthetic(8, 0);
+    if (rank == 1) data.labels.data<int64_t>()[5] = 10;  // rank 1's share: no class 10
+    ddp.step(slice(data.images, 0, rank * 4, rank * 4 + 4), slice(data.labels, 0, rank * 4, rank * 4 + 4), rank * 4, 0,
+             kSeed);
+  });
+  EXPECT_NE(errors[1].find("10"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("rank 1"), std::string::npos) << errors[0];
+}
+
+TEST(DistributedDataParallel, LayoutsTheTreeCannotTakeAreExplained) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    auto model = nn::make_model("mlp", kSeed);
+    DistributedDataParallel ddp(model, sgd(*model), comm, {.micro_batch = 4});
+    const Data data = synthetic(12, 0);  // 6 per rank: 3 micro-batches of 4 in all
+    ddp.step(slice(data.images, 0, rank * 6, rank * 6 + 6), slice(data.labels, 0, rank * 6, rank * 6 + 6), rank * 6, 0,
+             kSeed);
+  });
+  EXPECT_NE(errors[0].find("3 micro-batches, which 2 devices cannot share"), std::string::npos) << errors[0];
+}
+
+}  // namespace
+}  // namespace lockstep::parallel
