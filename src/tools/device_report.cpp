@@ -12,11 +12,11 @@ double share(double part, double whole) { return whole > 0 ? part / whole : 0.0;
 
 }  // namespace
 
-DeviceReport::DeviceReport(std::vector<std::string> names, const std::string& trace_path)
-    : names_(std::move(names)), totals_(names_.size()) {
+DeviceReport::DeviceReport(const std::vector<std::string>& names, const std::string& trace_path)
+    : totals_(names.size()) {
   if (trace_path.empty()) return;
   trace_ = std::make_unique<ChromeTrace>(trace_path);
-  for (size_t d = 0; d < names_.size(); ++d) trace_->name_track(static_cast<int>(d), names_[d]);
+  for (size_t d = 0; d < names.size(); ++d) trace_->name_track(static_cast<int>(d), names[d]);
 }
 
 void DeviceReport::add_step(const std::vector<parallel::DeviceTimes>& step) {
@@ -51,11 +51,12 @@ nlohmann::json DeviceReport::step_json(const std::vector<parallel::DeviceTimes>&
   return out;
 }
 
-nlohmann::json DeviceReport::json() const {
+nlohmann::json DeviceReport::json(const std::vector<std::string>& names,
+                                  const std::vector<parallel::DeviceTimes>& totals) {
   nlohmann::json out = nlohmann::json::array();
-  for (size_t d = 0; d < totals_.size(); ++d) {
-    const parallel::DeviceTimes& t = totals_[d];
-    out.push_back({{"device", names_[d]},
+  for (size_t d = 0; d < totals.size(); ++d) {
+    const parallel::DeviceTimes& t = totals[d];
+    out.push_back({{"device", names.at(d)},
                    {"compute_s", t.compute},
                    {"wait_s", t.wait},
                    {"communicate_s", t.communicate},
@@ -66,8 +67,9 @@ nlohmann::json DeviceReport::json() const {
   return out;
 }
 
-std::string DeviceReport::table() const {
-  if (totals_.empty() || steps_ == 0) return "";
+std::string DeviceReport::table(const std::vector<std::string>& names, const std::vector<parallel::DeviceTimes>& totals,
+                                int64_t steps) {
+  if (totals.empty() || steps == 0) return "";
   std::string out;
   char line[256];
   std::snprintf(line, sizeof(line), "%-8s %12s %12s %12s %12s %8s %8s\n", "device", "compute s", "wait s",
@@ -75,23 +77,23 @@ std::string DeviceReport::table() const {
   out += line;
   size_t slowest = 0;
   double communicate = 0, total = 0, compute_sum = 0;
-  for (size_t d = 0; d < totals_.size(); ++d) {
-    const parallel::DeviceTimes& t = totals_[d];
-    std::snprintf(line, sizeof(line), "%-8s %12.3f %12.3f %12.3f %12.3f %7.1f%% %7.1f%%\n", names_[d].c_str(),
+  for (size_t d = 0; d < totals.size(); ++d) {
+    const parallel::DeviceTimes& t = totals[d];
+    std::snprintf(line, sizeof(line), "%-8s %12.3f %12.3f %12.3f %12.3f %7.1f%% %7.1f%%\n", names.at(d).c_str(),
                   t.compute, t.wait, t.communicate, t.optimizer, 100 * share(t.wait, busy(t)),
                   100 * share(t.communicate, busy(t)));
     out += line;
-    if (t.compute > totals_[slowest].compute) slowest = d;
+    if (t.compute > totals[slowest].compute) slowest = d;
     communicate += t.communicate;
     total += busy(t);
     compute_sum += t.compute;
   }
-  const double mean_compute = compute_sum / static_cast<double>(totals_.size());
+  const double mean_compute = compute_sum / static_cast<double>(totals.size());
   std::snprintf(line, sizeof(line),
                 "slowest device %s (compute %+.1f%% against the mean); communication %.1f%% of device time over %lld "
                 "steps\n",
-                names_[slowest].c_str(), 100 * share(totals_[slowest].compute - mean_compute, mean_compute),
-                100 * share(communicate, total), static_cast<long long>(steps_));
+                names.at(slowest).c_str(), 100 * share(totals[slowest].compute - mean_compute, mean_compute),
+                100 * share(communicate, total), static_cast<long long>(steps));
   out += line;
   return out;
 }

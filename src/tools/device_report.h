@@ -15,21 +15,26 @@ namespace lockstep::tools {
 
 class DeviceReport {
  public:
-  // names[d]: device d as the user knows it ("cpu:1"). trace_path: "" for no trace.
-  DeviceReport(std::vector<std::string> names, const std::string& trace_path);
+  // names[d]: device d of this process as the user knows it ("cpu:1"). trace_path: "" for
+  // no trace.
+  DeviceReport(const std::vector<std::string>& names, const std::string& trace_path);
 
   void add_step(const std::vector<parallel::DeviceTimes>& step);
+  // Per device of this process, its summed times (`started` unused).
+  const std::vector<parallel::DeviceTimes>& totals() const { return totals_; }
+  int64_t steps() const { return steps_; }
 
-  // Per device totals in seconds and shares of its step time.
-  nlohmann::json json() const;
   // The one step's times, for a metrics.jsonl line.
   static nlohmann::json step_json(const std::vector<parallel::DeviceTimes>& step);
-  // A table for people, ending with the slowest device and the communication share.
-  std::string table() const;
+  // Totals of every device of the job (this process's, or gathered from every rank):
+  // per device in seconds and as shares of its time, and a table for people that ends
+  // with the slowest device and the communication share.
+  static nlohmann::json json(const std::vector<std::string>& names, const std::vector<parallel::DeviceTimes>& totals);
+  static std::string table(const std::vector<std::string>& names, const std::vector<parallel::DeviceTimes>& totals,
+                           int64_t steps);
 
  private:
-  std::vector<std::string> names_;
-  std::vector<parallel::DeviceTimes> totals_;  // `started` unused
+  std::vector<parallel::DeviceTimes> totals_;
   int64_t steps_ = 0;
   double origin_ = -1;  // the first step's start, the trace's time zero
   std::unique_ptr<ChromeTrace> trace_;

@@ -24,11 +24,11 @@
 #include "lockstep/optim/adamw.h"
 #include "lockstep/optim/schedule.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/parallel/data_parallel.h"
 #include "tools/commands.h"
 #include "tools/device_report.h"
 #include "tools/flags.h"
 #include "tools/train_checkpoint.h"
+#include "tools/train_strategy.h"
 
 namespace lockstep::tools {
 namespace {
@@ -111,10 +111,8 @@ nlohmann::json memory_json(Device device) {
 void check_options(const TrainOptions& options) {
   LOCKSTEP_CHECK(options.batch_size > 0) << "--batch-size must be at least 1, got " << options.batch_size;
   LOCKSTEP_CHECK(options.micro_batch > 0) << "--micro-batch must be at least 1, got " << options.micro_batch;
-  LOCKSTEP_CHECK(options.devices >= 1) << "--devices must be 1 or more, got " << options.devices;
-  const std::string layout =
-      parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices));
-  if (!layout.empty()) throw UsageError(layout);
+  LOCKSTEP_CHECK(options.devices >= 0) << "--devices must be 1 or more, got " << options.devices;
+  LOCKSTEP_CHECK(options.bucket_mb > 0) << "--bucket-mb must be positive, got " << options.bucket_mb;
   LOCKSTEP_CHECK(options.epochs >= 0) << "--epochs must be 0 or more, got " << options.epochs;
   LOCKSTEP_CHECK(options.steps >= -1) << "--steps must be 0 or more, got " << options.steps;
   LOCKSTEP_CHECK(options.lr > 0 && std::isfinite(options.lr)) << "--lr must be a positive number, got " << options.lr;
@@ -136,7 +134,12 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("micro-batch", &options.micro_batch,
             "samples per forward/backward pass (default: batch-size / 8 where it divides); with the seed and batch "
             "size it fixes the result");
-  flags.add("devices", &options.devices, "CPU devices to train on (default: one per core)");
+  flags.add("devices", &options.devices, "CPU devices to train on (default: one per core; ddp: one per process)");
+  flags.add("strategy", &options.strategy,
+            "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
+            "lockstep run");
+  flags.add("backend", &options.backend, "ddp's collectives: auto, shm (one host) or mpi");
+  flags.add("bucket-mb", &options.bucket_mb, "ddp: MiB of gradients per all-reduce, started during backward");
   flags.add("lr", &options.lr, "learning rate (default 0.05 for sgd, 0.001 for adamw)");
   flags.add("optimizer", &options.optimizer, "sgd or adamw");
   flags.add("momentum", &options.momentum, "SGD momentum");
@@ -165,23 +168,8 @@ int train_main(const std::vector<std::string>& args) {
   }
   if (options.lr < 0) options.lr = default_lr(options.optimizer);
   if (options.micro_batch < 0) options.micro_batch = default_micro_batch(options.batch_size);
-  if (options.devices == 0) {
-    // Every core a device, or as many as can share the step's micro-batches (3 cores and 8
-    // micro-batches: 2 devices).
-    options.devices = host_cores();
-    while (options.devices > 1 &&
-           !parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices))
-                .empty()) {
-      --options.devices;
-    }
-  }
   check_options(options);
   const optim::Schedule schedule = optim::parse_schedule(options.lr_schedule);
-  const int threads = options.threads > 0 ? static_cast<int>(options.threads) : host_cores();
-  set_num_threads(threads);  // evaluation, on this thread
-  const int devices = static_cast<int>(options.devices);
-  const int threads_per_device = std::max(1, threads / devices);
-  const Device device = Device::cpu(0);
 
   const std::string data_dir = options.data_dir.empty() ? kFashionMnistDefaultDir : options.data_dir;
   const Dataset train_set = load_fashion_mnist(data_dir, Split::train);
@@ -190,9 +178,9 @@ int train_main(const std::vector<std::string>& args) {
 
   const std::optional<TensorFile> init =
       options.init_file.empty() ? std::nullopt : std::optional<TensorFile>(load_safetensors(options.init_file));
-  parallel::DataParallel dp(
-      {.devices = devices, .micro_batch = options.micro_batch, .threads_per_device = threads_per_device},
-      [&](int) {
+  const std::unique_ptr<TrainStrategy> strategy = make_train_strategy(
+      options,
+      [&] {
         std::shared_ptr<nn::Module> replica = nn::make_model(options.model, options.seed);
         if (init) {
           try {
@@ -205,7 +193,15 @@ int train_main(const std::vector<std::string>& args) {
         return replica;
       },
       [&](nn::Module& replica) { return make_optimizer(options, replica); });
-  nn::Module& model = dp.replica(0);
+  const int devices = static_cast<int>(options.devices);
+  const bool leader = strategy->leader();
+  const bool quiet = options.quiet || !leader;
+  // Evaluation runs on this thread with every thread the process has.
+  set_num_threads(options.strategy == "dp" && options.threads <= 0 ? host_cores()
+                  : options.strategy == "dp"                       ? static_cast<int>(options.threads)
+                                                                   : strategy->threads_per_device());
+  nn::Module& model = strategy->model();
+  const Device device = Device::cpu(0);
 
   // The last batch of an epoch is dropped when it is short: a partial batch would make a
   // step whose tree depends on how it is cut.
@@ -216,9 +212,7 @@ int train_main(const std::vector<std::string>& args) {
       << " samples)";
   RunPosition position;
   if (checkpoint) {
-    for (int d = 0; d < devices; ++d) {
-      position = restore_train_checkpoint(*checkpoint, checkpoint_path, dp.replica(d), dp.optimizer(d));
-    }
+    position = strategy->restore(*checkpoint, checkpoint_path);
     loader.set_position(position.data);
     checkpoint.reset();
   }
@@ -229,36 +223,37 @@ int train_main(const std::vector<std::string>& args) {
   const std::string out_dir = !options.out_dir.empty()      ? options.out_dir
                               : !options.resume_dir.empty() ? options.resume_dir
                                                             : default_out_dir();
-  fs::create_directories(out_dir);
-  JsonLinesWriter metrics((fs::path(out_dir) / "metrics.jsonl").string());
-
-  std::vector<std::string> device_names;
-  for (int d = 0; d < devices; ++d) device_names.push_back(Device::cpu(d).str());
-  DeviceReport report(device_names, options.trace_file);
-  const int64_t accumulation = options.batch_size / options.micro_batch / devices;
-  if (!options.quiet) {
-    std::fprintf(stderr,
-                 "train %s on %d device%s (%s..%s, %d thread%s each): %lld samples, batch %lld = micro-batch %lld x "
-                 "%lld accumulation x %d devices, %s lr %g, steps %lld -> %lld\n",
-                 options.model.c_str(), devices, devices == 1 ? "" : "s", device_names.front().c_str(),
-                 device_names.back().c_str(), threads_per_device, threads_per_device == 1 ? "" : "s",
-                 static_cast<long long>(train_set.size()), static_cast<long long>(options.batch_size),
-                 static_cast<long long>(options.micro_batch), static_cast<long long>(accumulation), devices,
-                 options.optimizer.c_str(), options.lr, static_cast<long long>(position.step),
-                 static_cast<long long>(total_steps));
+  std::optional<JsonLinesWriter> metrics;
+  if (leader) {
+    fs::create_directories(out_dir);
+    metrics.emplace((fs::path(out_dir) / "metrics.jsonl").string());
   }
-  ProgressBar progress(total_steps, options.quiet);
+
+  const std::vector<std::string> device_names = strategy->all_devices();
+  DeviceReport report(strategy->local_devices(), leader ? options.trace_file : "");
+  const int64_t accumulation = options.batch_size / options.micro_batch / devices;
+  const int threads_per_device = strategy->threads_per_device();
+  if (!quiet) {
+    std::fprintf(stderr,
+                 "train %s with %s on %d device%s (%s..%s, %d thread%s each): %lld samples, batch %lld = micro-batch "
+                 "%lld x %lld accumulation x %d devices, %s lr %g, steps %lld -> %lld\n",
+                 options.model.c_str(), options.strategy.c_str(), devices, devices == 1 ? "" : "s",
+                 device_names.front().c_str(), device_names.back().c_str(), threads_per_device,
+                 threads_per_device == 1 ? "" : "s", static_cast<long long>(train_set.size()),
+                 static_cast<long long>(options.batch_size), static_cast<long long>(options.micro_batch),
+                 static_cast<long long>(accumulation), devices, options.optimizer.c_str(), options.lr,
+                 static_cast<long long>(position.step), static_cast<long long>(total_steps));
+  }
+  ProgressBar progress(total_steps, quiet);
   reset_peak_memory_stats(device);
   const auto start = Clock::now();
   int64_t samples = 0;
   double last_loss = NAN;
-  for (int d = 0; d < devices; ++d) dp.replica(d).train();
   while (position.step < total_steps) {
     const std::optional<Batch> batch = loader.next();
     if (!batch) continue;  // epoch finished; the loader moved to the next one
-    dp.set_lr(lr_schedule.lr_at(options.lr, position.step));
-    const parallel::StepResult step = dp.step(batch->images, batch->labels, batch->first_position,
-                                              static_cast<uint64_t>(position.step), options.seed);
+    strategy->set_lr(lr_schedule.lr_at(options.lr, position.step));
+    const parallel::StepResult step = strategy->step(*batch, static_cast<uint64_t>(position.step), options.seed);
     report.add_step(step.devices);
     ++position.step;
     samples += batch->size();
@@ -266,27 +261,35 @@ int train_main(const std::vector<std::string>& args) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double rate = elapsed > 0 ? static_cast<double>(samples) / elapsed : 0.0;
     progress.update(position.step, batch->epoch, last_loss, rate);
-    if (position.step % options.log_every == 0 || position.step == total_steps) {
-      metrics.write({{"step", position.step},
-                     {"epoch", batch->epoch},
-                     {"loss", last_loss},
-                     {"lr", dp.optimizer(0).lr()},
-                     {"samples_per_second", rate},
-                     {"devices", DeviceReport::step_json(step.devices)},
-                     {"memory", {{device.str(), memory_json(device)}}}});
+    if (metrics && (position.step % options.log_every == 0 || position.step == total_steps)) {
+      metrics->write({{"step", position.step},
+                      {"epoch", batch->epoch},
+                      {"loss", last_loss},
+                      {"lr", strategy->optimizer().lr()},
+                      {"samples_per_second", rate},
+                      {"devices", DeviceReport::step_json(step.devices)},
+                      {"memory", {{device.str(), memory_json(device)}}}});
     }
   }
   const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   progress.finish();
   position.data = loader.position();
-  save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, model, dp.optimizer(0), position);
-  if (!options.quiet && position.step > 0) std::fputs(report.table().c_str(), stderr);
+  const std::vector<parallel::DeviceTimes> totals = strategy->gather(report.totals());
+  if (leader) {
+    save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, model, strategy->optimizer(),
+                          position);
+    if (!quiet) std::fputs(DeviceReport::table(device_names, totals, report.steps()).c_str(), stderr);
+  }
+  // No rank leaves before rank 0 has written the checkpoint.
+  strategy->barrier();
+  if (!leader) return 0;
 
   const Evaluation test = evaluate(model, test_set);
   const double rate = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0;
   const nlohmann::json summary = {
       {"model", options.model},
-      {"devices", report.json()},
+      {"strategy", options.strategy},
+      {"devices", DeviceReport::json(device_names, totals)},
       {"threads_per_device", threads_per_device},
       {"seed", options.seed},
       {"batch_size", options.batch_size},

@@ -44,6 +44,13 @@ const char* worker_mode() { return std::getenv("LOCKSTEP_TEST_WORKER"); }
 
 std::vector<RankExit> launch_ranks(int ranks, const std::string& worker_test,
                                    const std::map<std::string, std::string>& env, int timeout_s) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  return launch_program(ranks, self, {"--gtest_filter=" + worker_test}, env, timeout_s);
+}
+
+std::vector<RankExit> launch_program(int ranks, const std::string& program, const std::vector<std::string>& args,
+                                     const std::map<std::string, std::string>& env, int timeout_s,
+                                     const std::function<void(const std::vector<int>& pids)>& while_running) {
   std::map<std::string, std::string> vars;
   for (char** e = environ; *e; ++e) {
     const std::string entry = *e;
@@ -60,8 +67,6 @@ std::vector<RankExit> launch_ranks(int ranks, const std::string& worker_test,
   vars["OMP_NUM_THREADS"] = "1";
   for (const auto& [k, v] : env) vars[k] = v;
 
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
-  const std::string filter = "--gtest_filter=" + worker_test;
   const std::string log_dir = std::filesystem::temp_directory_path() / ("lockstep-ranks-" + std::to_string(getpid()));
   std::filesystem::create_directories(log_dir);
 
@@ -78,11 +83,18 @@ std::vector<RankExit> launch_ranks(int ranks, const std::string& worker_test,
     if (pid == 0) {
       FILE* out = std::freopen(log.c_str(), "w", stdout);
       if (out) dup2(fileno(stdout), STDERR_FILENO);
-      char* argv[] = {const_cast<char*>(self.c_str()), const_cast<char*>(filter.c_str()), nullptr};
-      execve(self.c_str(), argv, envp.data());
+      std::vector<char*> argv{const_cast<char*>(program.c_str())};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execve(program.c_str(), argv.data(), envp.data());
       _exit(127);
     }
     exits[r].pid = pid;
+  }
+  if (while_running) {
+    std::vector<int> pids;
+    for (const RankExit& e : exits) pids.push_back(e.pid);
+    while_running(pids);
   }
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);

@@ -2,6 +2,7 @@
 // would), each running one worker test, and collects how each ended and what it printed.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,6 +21,12 @@ struct RankExit {
 // port) plus `env`. Kills them all if they are not done within timeout_s.
 std::vector<RankExit> launch_ranks(int ranks, const std::string& worker_test,
                                    const std::map<std::string, std::string>& env, int timeout_s = 120);
+
+// The same for any program: `program args...` in each rank process. while_running(pids),
+// if given, runs once they are all started (to kill one mid-run, say).
+std::vector<RankExit> launch_program(int ranks, const std::string& program, const std::vector<std::string>& args,
+                                     const std::map<std::string, std::string>& env, int timeout_s = 120,
+                                     const std::function<void(const std::vector<int>& pids)>& while_running = {});
 
 // "rank 0: exit 0\n<output>..." for failure messages.
 std::string describe(const std::vector<RankExit>& exits);

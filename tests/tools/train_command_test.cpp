@@ -4,12 +4,17 @@
 #include <sys/wait.h>
 #include <zlib.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <thread>
 
+#include "comm/process_launcher.h"
 #include "lockstep/core/philox.h"
 #include "lockstep/io/checkpoint.h"
 #include "lockstep/io/safetensors.h"
@@ -32,8 +37,8 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run(const std::string& arguments) {
-  const std::string command = kBinary + " " + arguments + " 2>&1";
+Result run_shell(const std::string& command_line) {
+  const std::string command = command_line + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   Result result;
   if (pipe == nullptr) return result;
@@ -43,6 +48,26 @@ Result run(const std::string& arguments) {
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+Result run(const std::string& arguments) { return run_shell(kBinary + " " + arguments); }
+
+bool on_path(const std::string& program) { return std::system(("command -v " + program + " >/dev/null").c_str()) == 0; }
+
+// `lockstep <arguments>` as `ranks` processes under mpirun on this host.
+Result run_mpi(int ranks, const std::string& arguments) {
+  return run_shell(
+      "env ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 300 mpirun "
+      "--oversubscribe --allow-run-as-root --bind-to none -x ASAN_OPTIONS -np " +
+      std::to_string(ranks) + " " + kBinary + " " + arguments);
+}
+
+std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> words;
+  std::istringstream in(text);
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
 }
 
 void write_gz(const fs::path& path, const std::string& bytes) {
@@ -169,6 +194,50 @@ TEST_F(TrainCommand, ResumesOnAnotherDeviceCountBitExactly) {
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
 }
 
+// One process per device (torchrun's variables, the shm backend; mpirun with shm and with
+// mpi): the weights of one device, bit for bit.
+TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
+  const std::string flags = base("cnn") + " --steps 6 --micro-batch 8";
+  ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
+  const std::string reference = summary(root_ / "one")["weights_sha256"];
+
+  const auto exits = comm::testing::launch_program(
+      2, kBinary, split_words(flags + " --strategy ddp --out " + (root_ / "ddp").string()), {});
+  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  const nlohmann::json s = summary(root_ / "ddp");
+  EXPECT_EQ(s["weights_sha256"], reference);
+  EXPECT_EQ(s["strategy"], "ddp");
+  EXPECT_EQ(s["devices"].size(), 2u);
+  EXPECT_EQ(exits[1].output, "");  // only rank 0 reports
+  EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
+
+  if (!on_path("mpirun")) GTEST_SKIP() << "mpirun is not on PATH (install openmpi-bin)";
+  for (const std::string backend : {"auto", "mpi"}) {
+    const fs::path out = root_ / ("mpi-" + backend);
+    const Result r = run_mpi(2, flags + " --strategy ddp --backend " + backend + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(summary(out)["weights_sha256"], reference) << backend;
+  }
+}
+
+// A rank killed mid-run (kill -9) ends the job: the survivor stops with an error that
+// names the dead rank, well before the collective timeout, and leaves nothing in /dev/shm.
+TEST_F(TrainCommand, AKilledRankEndsTheJobNamingIt) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto exits = comm::testing::launch_program(
+      2, kBinary, split_words(base() + " --steps 1000000 --strategy ddp --out " + (root_ / "ddp").string()), {}, 120,
+      [](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        kill(pids[1], SIGKILL);
+      });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_EQ(exits[1].signal, SIGKILL);
+  EXPECT_NE(exits[0].exit_code, 0) << comm::testing::describe(exits);
+  EXPECT_NE(exits[0].output.find("rank 1"), std::string::npos) << exits[0].output;
+  EXPECT_LT(seconds, 60) << "the survivor waited for a timeout instead of noticing the death";
+  EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
+}
+
 TEST_F(TrainCommand, WritesTheDeviceTableAndATrace) {
   const fs::path trace = root_ / "steps.trace.json";
   const Result r = run("train --threads 2 --devices 2 --model mlp --data " + data_.string() +
@@ -250,6 +319,8 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
       {base() + " --micro-batch 4 --devices 3", 2, "8 micro-batches, which 3 devices cannot share"},
       {base() + " --micro-batch 5", 2, "multiple of the micro-batch (5)"},
       {base() + " --devices -1", 1, "--devices"},
+      {base() + " --strategy zero9", 2, "--strategy"},
+      {base() + " --strategy ddp --devices 2", 2, "one device per process"},
   };
   for (const Case& c : cases) {
     const Result r = run(c.arguments);

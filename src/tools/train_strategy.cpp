@@ -1,0 +1,158 @@
+#include "tools/train_strategy.h"
+
+#include "lockstep/comm/init.h"
+#include "lockstep/comm/launch_env.h"
+#include "lockstep/core/device.h"
+#include "lockstep/ops/ops.h"
+#include "lockstep/parallel/data_parallel.h"
+#include "lockstep/parallel/distributed_data_parallel.h"
+#include "tools/flags.h"
+
+namespace lockstep::tools {
+namespace {
+
+std::vector<std::string> cpu_names(int first, int count) {
+  std::vector<std::string> names;
+  for (int d = first; d < first + count; ++d) names.push_back(Device::cpu(d).str());
+  return names;
+}
+
+void check_layout(const TrainOptions& options) {
+  const std::string error =
+      parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices));
+  if (!error.empty()) throw UsageError(error);
+}
+
+class DataParallelStrategy final : public TrainStrategy {
+ public:
+  DataParallelStrategy(const TrainOptions& options, int threads, const ReplicaFactory& make_replica,
+                       const OptimizerFactory& make_optimizer)
+      : dp_(
+            {.devices = static_cast<int>(options.devices),
+             .micro_batch = options.micro_batch,
+             .threads_per_device = std::max(1, threads / static_cast<int>(options.devices))},
+            [&](int) { return make_replica(); }, make_optimizer) {}
+
+  parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
+    return dp_.step(batch.images, batch.labels, batch.first_position, step, seed);
+  }
+  nn::Module& model() override { return dp_.replica(0); }
+  optim::Optimizer& optimizer() override { return dp_.optimizer(0); }
+  void set_lr(double lr) override { dp_.set_lr(lr); }
+  RunPosition restore(const Checkpoint& checkpoint, const std::string& path) override {
+    RunPosition position;
+    for (int d = 0; d < dp_.devices(); ++d)
+      position = restore_train_checkpoint(checkpoint, path, dp_.replica(d), dp_.optimizer(d));
+    return position;
+  }
+  std::vector<std::string> local_devices() const override { return cpu_names(0, dp_.devices()); }
+  std::vector<std::string> all_devices() const override { return local_devices(); }
+  int threads_per_device() const override { return dp_.threads_per_device(); }
+  bool leader() const override { return true; }
+  std::vector<parallel::DeviceTimes> gather(const std::vector<parallel::DeviceTimes>& local) override { return local; }
+
+ private:
+  parallel::DataParallel dp_;
+};
+
+class DistributedStrategy final : public TrainStrategy {
+ public:
+  DistributedStrategy(const TrainOptions& options, std::shared_ptr<comm::Communicator> comm, int threads,
+                      const ReplicaFactory& make_replica, const OptimizerFactory& make_optimizer)
+      : threads_(threads), ddp_(make_ddp(options, std::move(comm), make_replica, make_optimizer)) {}
+
+  parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
+    // Every rank loads the global batch in the same order and trains on its share.
+    const comm::Communicator& comm = ddp_->communicator();
+    const int64_t share = batch.size() / comm.size();
+    const int64_t first = comm.rank() * share;
+    return ddp_->step(slice(batch.images, 0, first, first + share), slice(batch.labels, 0, first, first + share),
+                      batch.first_position + first, step, seed);
+  }
+  nn::Module& model() override { return ddp_->module(); }
+  optim::Optimizer& optimizer() override { return ddp_->optimizer(); }
+  void set_lr(double lr) override { ddp_->optimizer().set_lr(lr); }
+  RunPosition restore(const Checkpoint& checkpoint, const std::string& path) override {
+    return restore_train_checkpoint(checkpoint, path, ddp_->module(), ddp_->optimizer());
+  }
+  std::vector<std::string> local_devices() const override { return cpu_names(ddp_->communicator().rank(), 1); }
+  std::vector<std::string> all_devices() const override { return cpu_names(0, ddp_->communicator().size()); }
+  int threads_per_device() const override { return threads_; }
+  bool leader() const override { return ddp_->communicator().rank() == 0; }
+  std::vector<parallel::DeviceTimes> gather(const std::vector<parallel::DeviceTimes>& local) override {
+    comm::Communicator& comm = ddp_->communicator();
+    const parallel::DeviceTimes& mine = local.at(0);
+    const Tensor row =
+        Tensor::from_vector(std::vector<double>{mine.compute, mine.wait, mine.communicate, mine.optimizer}, {4});
+    const Tensor all = Tensor::empty({4 * static_cast<int64_t>(comm.size())}, DType::f64);
+    comm.all_gather(row, all);
+    const double* v = all.data<double>();
+    std::vector<parallel::DeviceTimes> out(static_cast<size_t>(comm.size()));
+    for (size_t r = 0; r < out.size(); ++r) {
+      out[r] = {.compute = v[4 * r], .wait = v[4 * r + 1], .communicate = v[4 * r + 2], .optimizer = v[4 * r + 3]};
+    }
+    return out;
+  }
+  void barrier() override { ddp_->communicator().barrier(); }
+
+ private:
+  static std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const TrainOptions& options,
+                                                                     std::shared_ptr<comm::Communicator> comm,
+                                                                     const ReplicaFactory& make_replica,
+                                                                     const OptimizerFactory& make_optimizer) {
+    std::shared_ptr<nn::Module> model = make_replica();
+    std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(*model);
+    const auto bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
+    return std::make_unique<parallel::DistributedDataParallel>(
+        std::move(model), std::move(optimizer), std::move(comm),
+        parallel::DistributedDataParallelOptions{
+            .micro_batch = options.micro_batch,
+            .bucket_bytes = std::max<int64_t>(1, bucket_bytes),
+            .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20))});
+  }
+
+  int threads_;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const ReplicaFactory& make_replica,
+                                                   const OptimizerFactory& make_optimizer) {
+  if (options.strategy == "dp") {
+    if (options.devices == 0) {
+      // Every core a device, or as many as can share the step's micro-batches (3 cores and
+      // 8 micro-batches: 2 devices).
+      options.devices = host_cores();
+      while (options.devices > 1 &&
+             !parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices))
+                  .empty()) {
+        --options.devices;
+      }
+    }
+    check_layout(options);
+    const int threads = options.threads > 0 ? static_cast<int>(options.threads) : host_cores();
+    return std::make_unique<DataParallelStrategy>(options, threads, make_replica, make_optimizer);
+  }
+  if (options.strategy == "ddp") {
+    const comm::LaunchInfo launch = comm::launch_info_from_env();
+    if (options.devices != 0 && options.devices != launch.world_size) {
+      throw UsageError("--strategy ddp trains on one device per process: this job has " +
+                       std::to_string(launch.world_size) + " process(es), not --devices " +
+                       std::to_string(options.devices) +
+                       "; start one process per device (mpirun -n N, torchrun --nproc-per-node N) or leave --devices "
+                       "out");
+    }
+    options.devices = launch.world_size;
+    check_layout(options);
+    // The host's cores, shared by the processes on it.
+    const int threads = options.threads > 0 ? static_cast<int>(options.threads)
+                                            : std::max(1, host_cores() / std::max(1, launch.local_world_size));
+    std::shared_ptr<comm::Communicator> comm = comm::init_process_group(options.backend);
+    return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, make_replica, make_optimizer);
+  }
+  throw UsageError("--strategy must be dp (one process drives every device) or ddp (one process per device), got '" +
+                   options.strategy + "'");
+}
+
+}  // namespace lockstep::tools

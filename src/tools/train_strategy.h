@@ -1,0 +1,57 @@
+// How `lockstep train` drives its devices. `dp`: this process drives every device, one
+// replica and worker each (parallel::DataParallel). `ddp`: this process is one rank of a
+// job started by mpirun, torchrun or `lockstep run`, one device per process
+// (parallel::DistributedDataParallel). Both take the same tree-shaped step, so they give
+// the same weights.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/data/dataloader.h"
+#include "lockstep/io/checkpoint.h"
+#include "lockstep/nn/module.h"
+#include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/step.h"
+#include "tools/train_checkpoint.h"
+#include "tools/train_options.h"
+
+namespace lockstep::tools {
+
+class TrainStrategy {
+ public:
+  virtual ~TrainStrategy() = default;
+
+  // One optimizer step on the global batch (every process loads the same batches; a ddp
+  // rank trains on its share).
+  virtual parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) = 0;
+  // The replica that is saved and evaluated (device 0's; under ddp this rank's).
+  virtual nn::Module& model() = 0;
+  virtual optim::Optimizer& optimizer() = 0;
+  virtual void set_lr(double lr) = 0;
+  // Loads the checkpoint into every replica this process holds; returns where it stopped.
+  virtual RunPosition restore(const Checkpoint& checkpoint, const std::string& path) = 0;
+
+  // The devices this process drives, and those of the whole job.
+  virtual std::vector<std::string> local_devices() const = 0;
+  virtual std::vector<std::string> all_devices() const = 0;
+  virtual int threads_per_device() const = 0;
+  // Whether this process writes the run's files and prints its results (ddp: rank 0).
+  virtual bool leader() const = 0;
+  // Every device's totals, given this process's (collective under ddp).
+  virtual std::vector<parallel::DeviceTimes> gather(const std::vector<parallel::DeviceTimes>& local) = 0;
+  // Waits for every process (ddp), e.g. so none leaves before the checkpoint is written.
+  virtual void barrier() {}
+};
+
+using ReplicaFactory = std::function<std::shared_ptr<nn::Module>()>;
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
+
+// Joins the job under ddp (init_process_group(options.backend)); settles options.devices
+// (default: one per core under dp, lowered to what can share the step; the world size
+// under ddp) and checks it against the step's layout.
+std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const ReplicaFactory& make_replica,
+                                                   const OptimizerFactory& make_optimizer);
+
+}  // namespace lockstep::tools
