@@ -70,14 +70,14 @@ std::string weights_sha256(const nn::Module& model) {
   return hash.hex_digest();
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options, const nn::Module& model) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options, std::vector<Tensor> params) {
   if (options.optimizer == "sgd") {
     return std::make_unique<optim::SGD>(
-        model.parameters(),
+        std::move(params),
         optim::SGDOptions{.lr = options.lr, .momentum = options.momentum, .weight_decay = options.weight_decay});
   }
   if (options.optimizer == "adamw") {
-    return std::make_unique<optim::AdamW>(model.parameters(),
+    return std::make_unique<optim::AdamW>(std::move(params),
                                           optim::AdamWOptions{.lr = options.lr, .weight_decay = options.weight_decay});
   }
   throw UsageError("--optimizer must be sgd or adamw, got '" + options.optimizer + "'");
@@ -137,7 +137,7 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("devices", &options.devices, "CPU devices to train on (default: one per core; ddp: one per process)");
   flags.add("strategy", &options.strategy,
             "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
-            "lockstep run");
+            "lockstep run; zero1: ddp with the optimizer state sharded across the processes");
   flags.add("backend", &options.backend, "ddp's collectives: auto, shm (one host) or mpi");
   flags.add("bucket-mb", &options.bucket_mb, "ddp: MiB of gradients per all-reduce, started during backward");
   flags.add("lr", &options.lr, "learning rate (default 0.05 for sgd, 0.001 for adamw)");
@@ -192,7 +192,7 @@ int train_main(const std::vector<std::string>& args) {
         }
         return replica;
       },
-      [&](nn::Module& replica) { return make_optimizer(options, replica); });
+      [&](std::vector<Tensor> params) { return make_optimizer(options, std::move(params)); });
   const int devices = static_cast<int>(options.devices);
   const bool leader = strategy->leader();
   const bool quiet = options.quiet || !leader;
@@ -265,7 +265,7 @@ int train_main(const std::vector<std::string>& args) {
       metrics->write({{"step", position.step},
                       {"epoch", batch->epoch},
                       {"loss", last_loss},
-                      {"lr", strategy->optimizer().lr()},
+                      {"lr", strategy->lr()},
                       {"samples_per_second", rate},
                       {"devices", DeviceReport::step_json(step.devices)},
                       {"memory", {{device.str(), memory_json(device)}}}});
@@ -275,9 +275,9 @@ int train_main(const std::vector<std::string>& args) {
   progress.finish();
   position.data = loader.position();
   const std::vector<parallel::DeviceTimes> totals = strategy->gather(report.totals());
+  const NamedTensors optimizer_state = strategy->optimizer_state();  // collective under zero1
   if (leader) {
-    save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, model, strategy->optimizer(),
-                          position);
+    save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, model, optimizer_state, position);
     if (!quiet) std::fputs(DeviceReport::table(device_names, totals, report.steps()).c_str(), stderr);
   }
   // No rank leaves before rank 0 has written the checkpoint.
@@ -305,6 +305,7 @@ int train_main(const std::vector<std::string>& args) {
       {"test_accuracy", test.accuracy},
       {"test_loss", test.loss},
       {"peak_memory_bytes", memory_stats(device).peak_allocated_bytes},
+      {"optimizer_state_bytes", strategy->optimizer_state_bytes()},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"weights_sha256", weights_sha256(model)},
   };

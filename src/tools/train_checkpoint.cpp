@@ -37,10 +37,10 @@ NamedTensors with_prefix(const Checkpoint& checkpoint, const std::string& prefix
 }  // namespace
 
 void save_train_checkpoint(const std::string& path, const TrainOptions& options, const nn::Module& model,
-                           const optim::Optimizer& optimizer, const RunPosition& position) {
+                           const NamedTensors& optimizer_state, const RunPosition& position) {
   NamedTensors tensors;
   for (const auto& [name, tensor] : model.state_dict()) tensors.emplace_back("model." + name, tensor);
-  for (const auto& [name, tensor] : optimizer.state_dict()) tensors.emplace_back("optim." + name, tensor);
+  for (const auto& [name, tensor] : optimizer_state) tensors.emplace_back("optim." + name, tensor);
   // The random state is the seed alone: data order, initialization and dropout masks are
   // counter-based draws keyed by (seed, epoch, step, sample), so step and data position
   // restore them.
@@ -86,10 +86,10 @@ void apply_checkpoint_settings(const Checkpoint& checkpoint, const std::string& 
 }
 
 RunPosition restore_train_checkpoint(const Checkpoint& checkpoint, const std::string& path, nn::Module& model,
-                                     optim::Optimizer& optimizer) {
+                                     const std::function<void(const NamedTensors&)>& load_optimizer) {
   try {
     model.load_state_dict(with_prefix(checkpoint, "model."));
-    optimizer.load_state_dict(with_prefix(checkpoint, "optim."));
+    load_optimizer(with_prefix(checkpoint, "optim."));
   } catch (const Error& e) {
     LOCKSTEP_FAIL() << path << " does not fit this model: " << e.what();
   }

@@ -22,8 +22,10 @@ struct RunPosition {
 
 inline constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 
+// optimizer_state: as one unsharded optimizer over the model's parameters holds it, so the
+// checkpoint loads on any number of devices, sharded or not.
 void save_train_checkpoint(const std::string& path, const TrainOptions& options, const nn::Module& model,
-                           const optim::Optimizer& optimizer, const RunPosition& position);
+                           const NamedTensors& optimizer_state, const RunPosition& position);
 
 // Takes the settings the checkpoint fixes (model, seed, batch size, micro-batch, optimizer) into
 // options: from the checkpoint when the flag was not given, checked to agree when it was.
@@ -31,9 +33,9 @@ void save_train_checkpoint(const std::string& path, const TrainOptions& options,
 void apply_checkpoint_settings(const Checkpoint& checkpoint, const std::string& path, TrainOptions& options,
                                const std::function<bool(const std::string&)>& given);
 
-// Loads weights and optimizer state into the (already built) model and optimizer and
-// returns where the run stood.
+// Loads the weights into the (already built) model, hands the optimizer state to
+// load_optimizer, and returns where the run stood.
 RunPosition restore_train_checkpoint(const Checkpoint& checkpoint, const std::string& path, nn::Module& model,
-                                     optim::Optimizer& optimizer);
+                                     const std::function<void(const NamedTensors&)>& load_optimizer);
 
 }  // namespace lockstep::tools

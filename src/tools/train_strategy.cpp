@@ -30,19 +30,23 @@ class DataParallelStrategy final : public TrainStrategy {
       : dp_(
             {.devices = static_cast<int>(options.devices),
              .micro_batch = options.micro_batch,
-             .threads_per_device = std::max(1, threads / static_cast<int>(options.devices))},
+             .threads_per_device = std::max(1, threads / static_cast<int>(options.devices)),
+             .zero1 = false},
             [&](int) { return make_replica(); }, make_optimizer) {}
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
     return dp_.step(batch.images, batch.labels, batch.first_position, step, seed);
   }
   nn::Module& model() override { return dp_.replica(0); }
-  optim::Optimizer& optimizer() override { return dp_.optimizer(0); }
   void set_lr(double lr) override { dp_.set_lr(lr); }
+  double lr() const override { return dp_.lr(); }
+  NamedTensors optimizer_state() override { return dp_.optimizer_state(); }
+  int64_t optimizer_state_bytes() const override { return dp_.optimizer_state_bytes(0); }
   RunPosition restore(const Checkpoint& checkpoint, const std::string& path) override {
-    RunPosition position;
-    for (int d = 0; d < dp_.devices(); ++d)
-      position = restore_train_checkpoint(checkpoint, path, dp_.replica(d), dp_.optimizer(d));
+    const RunPosition position = restore_train_checkpoint(
+        checkpoint, path, dp_.replica(0), [&](const NamedTensors& state) { dp_.load_optimizer_state(state); });
+    for (int d = 1; d < dp_.devices(); ++d)
+      restore_train_checkpoint(checkpoint, path, dp_.replica(d), [](const NamedTensors&) {});
     return position;
   }
   std::vector<std::string> local_devices() const override { return cpu_names(0, dp_.devices()); }
@@ -70,10 +74,13 @@ class DistributedStrategy final : public TrainStrategy {
                       batch.first_position + first, step, seed);
   }
   nn::Module& model() override { return ddp_->module(); }
-  optim::Optimizer& optimizer() override { return ddp_->optimizer(); }
-  void set_lr(double lr) override { ddp_->optimizer().set_lr(lr); }
+  void set_lr(double lr) override { ddp_->set_lr(lr); }
+  double lr() const override { return ddp_->lr(); }
+  NamedTensors optimizer_state() override { return ddp_->optimizer_state(); }
+  int64_t optimizer_state_bytes() const override { return ddp_->optimizer_state_bytes(); }
   RunPosition restore(const Checkpoint& checkpoint, const std::string& path) override {
-    return restore_train_checkpoint(checkpoint, path, ddp_->module(), ddp_->optimizer());
+    return restore_train_checkpoint(checkpoint, path, ddp_->module(),
+                                    [&](const NamedTensors& state) { ddp_->load_optimizer_state(state); });
   }
   std::vector<std::string> local_devices() const override { return cpu_names(ddp_->communicator().rank(), 1); }
   std::vector<std::string> all_devices() const override { return cpu_names(0, ddp_->communicator().size()); }
@@ -100,15 +107,14 @@ class DistributedStrategy final : public TrainStrategy {
                                                                      std::shared_ptr<comm::Communicator> comm,
                                                                      const ReplicaFactory& make_replica,
                                                                      const OptimizerFactory& make_optimizer) {
-    std::shared_ptr<nn::Module> model = make_replica();
-    std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(*model);
     const auto bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
     return std::make_unique<parallel::DistributedDataParallel>(
-        std::move(model), std::move(optimizer), std::move(comm),
+        make_replica(), make_optimizer, std::move(comm),
         parallel::DistributedDataParallelOptions{
             .micro_batch = options.micro_batch,
             .bucket_bytes = std::max<int64_t>(1, bucket_bytes),
-            .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20))});
+            .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20)),
+            .zero1 = options.strategy == "zero1"});
   }
 
   int threads_;
@@ -134,10 +140,10 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
     const int threads = options.threads > 0 ? static_cast<int>(options.threads) : host_cores();
     return std::make_unique<DataParallelStrategy>(options, threads, make_replica, make_optimizer);
   }
-  if (options.strategy == "ddp") {
+  if (options.strategy == "ddp" || options.strategy == "zero1") {
     const comm::LaunchInfo launch = comm::launch_info_from_env();
     if (options.devices != 0 && options.devices != launch.world_size) {
-      throw UsageError("--strategy ddp trains on one device per process: this job has " +
+      throw UsageError("--strategy " + options.strategy + " trains on one device per process: this job has " +
                        std::to_string(launch.world_size) + " process(es), not --devices " +
                        std::to_string(options.devices) +
                        "; start one process per device (mpirun -n N, torchrun --nproc-per-node N) or leave --devices "
@@ -151,8 +157,10 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
     std::shared_ptr<comm::Communicator> comm = comm::init_process_group(options.backend);
     return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, make_replica, make_optimizer);
   }
-  throw UsageError("--strategy must be dp (one process drives every device) or ddp (one process per device), got '" +
-                   options.strategy + "'");
+  throw UsageError(
+      "--strategy must be dp (one process drives every device), ddp (one process per device) or zero1 (ddp with "
+      "the optimizer state sharded), got '" +
+      options.strategy + "'");
 }
 
 }  // namespace lockstep::tools

@@ -1,8 +1,9 @@
 // How `lockstep train` drives its devices. `dp`: this process drives every device, one
 // replica and worker each (parallel::DataParallel). `ddp`: this process is one rank of a
 // job started by mpirun, torchrun or `lockstep run`, one device per process
-// (parallel::DistributedDataParallel). Both take the same tree-shaped step, so they give
-// the same weights.
+// (parallel::DistributedDataParallel). `zero1`: ddp with the optimizer state sharded
+// across the ranks (ZeRO stage 1). All take the same tree-shaped step, so they give the
+// same weights.
 #pragma once
 
 #include <memory>
@@ -28,8 +29,12 @@ class TrainStrategy {
   virtual parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) = 0;
   // The replica that is saved and evaluated (device 0's; under ddp this rank's).
   virtual nn::Module& model() = 0;
-  virtual optim::Optimizer& optimizer() = 0;
   virtual void set_lr(double lr) = 0;
+  virtual double lr() const = 0;
+  // The optimizer state, unsharded (collective under zero1).
+  virtual NamedTensors optimizer_state() = 0;
+  // Bytes of optimizer state the first device of this process holds.
+  virtual int64_t optimizer_state_bytes() const = 0;
   // Loads the checkpoint into every replica this process holds; returns where it stopped.
   virtual RunPosition restore(const Checkpoint& checkpoint, const std::string& path) = 0;
 
@@ -46,7 +51,7 @@ class TrainStrategy {
 };
 
 using ReplicaFactory = std::function<std::shared_ptr<nn::Module>()>;
-using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
 
 // Joins the job under ddp (init_process_group(options.backend)); settles options.devices
 // (default: one per core under dp, lowered to what can share the step; the world size

@@ -12,6 +12,7 @@
 #include "lockstep/core/philox.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/optim/adamw.h"
 #include "lockstep/optim/sgd.h"
 #include "testing/gradcheck.h"
 
@@ -40,14 +41,26 @@ std::vector<std::vector<float>> weights(nn::Module& model) {
 }
 
 // Trains `steps` steps of a global batch on `devices` devices and returns device 0's weights.
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, std::vector<Tensor> params) {
+  if (name == "adamw") return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-3});
+  return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+}
+
+void run_steps(DataParallel& dp, int64_t batch, int first_step, int steps, std::vector<double>* losses = nullptr) {
+  for (int s = first_step; s < first_step + steps; ++s) {
+    const Data data = synthetic(batch, static_cast<uint64_t>(s));
+    const StepResult result = dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
+    if (losses) losses->push_back(result.loss);
+  }
+}
+
 std::vector<std::vector<float>> train(const std::string& model_name, int devices, int64_t batch, int64_t micro,
-                                      int steps, std::vector<double>* losses = nullptr, int threads_per_device = 1) {
+                                      int steps, std::vector<double>* losses = nullptr, int threads_per_device = 1,
+                                      bool zero1 = false, const std::string& optimizer = "sgd") {
   DataParallel dp(
-      {.devices = devices, .micro_batch = micro, .threads_per_device = threads_per_device},
+      {.devices = devices, .micro_batch = micro, .threads_per_device = threads_per_device, .zero1 = zero1},
       [&](int) { return nn::make_model(model_name, kSeed); },
-      [](nn::Module& m) {
-        return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
-      });
+      [&](std::vector<Tensor> params) { return make_optimizer(optimizer, std::move(params)); });
   for (int s = 0; s < steps; ++s) {
     const Data data = synthetic(batch, static_cast<uint64_t>(s));
     const StepResult result = dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
@@ -83,6 +96,52 @@ TEST(DataParallel, SameBitsWithAnyNumberOfThreadsPerDevice) {
   EXPECT_TRUE(same_bits(train("mlp", 1, 8, 4, 2, nullptr, 2), two_devices));
   EXPECT_TRUE(same_bits(train("mlp", 1, 8, 4, 2, nullptr, 3), two_devices));
   EXPECT_TRUE(same_bits(train("cnn", 1, 16, 8, 1, nullptr, 2), train("cnn", 2, 16, 8, 1)));
+}
+
+// ZeRO-1: each device steps its shard of the optimizer state; the weights are the bits of
+// the unsharded run, for SGD with momentum and for AdamW, on 2 and 4 devices (the MLP's
+// 669,706 parameters do not divide by 4: the last shard is padded).
+TEST(DataParallel, ZeroOneGivesTheSameBitsAsUnsharded) {
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    const auto one = train("mlp", 1, 32, 4, 3, nullptr, 1, false, optimizer);
+    EXPECT_TRUE(same_bits(train("mlp", 2, 32, 4, 3, nullptr, 1, true, optimizer), one)) << optimizer;
+    EXPECT_TRUE(same_bits(train("mlp", 4, 32, 4, 3, nullptr, 1, true, optimizer), one)) << optimizer;
+  }
+}
+
+// Each of 4 devices holds a quarter of the optimizer state, and the state gathered for a
+// checkpoint is the unsharded optimizer's, bit for bit; loaded into 2 sharded devices it
+// continues as the unsharded run does.
+TEST(DataParallel, ZeroOneHoldsAQuarterOfTheStateAndCheckpointsItWhole) {
+  auto make = [](int devices, bool zero1) {
+    return std::make_unique<DataParallel>(
+        DataParallelOptions{.devices = devices, .micro_batch = 4, .zero1 = zero1},
+        [](int) { return nn::make_model("mlp", kSeed); },
+        [](std::vector<Tensor> params) { return make_optimizer("adamw", std::move(params)); });
+  };
+  auto plain = make(1, false);
+  auto sharded = make(4, true);
+  run_steps(*plain, 16, 0, 2);
+  run_steps(*sharded, 16, 0, 2);
+  const int64_t whole = plain->optimizer_state_bytes(0);
+  // Two f32 moments per parameter, and a step count per tensor.
+  EXPECT_NEAR(whole, 2 * 4 * nn::make_model("mlp", kSeed)->num_parameters(), 64);
+  for (int d = 0; d < 4; ++d) EXPECT_NEAR(sharded->optimizer_state_bytes(d), whole / 4.0, 16.0) << d;
+
+  const NamedTensors want = plain->optimizer_state();
+  const NamedTensors got = sharded->optimizer_state();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first);
+    EXPECT_EQ(got[i].second.to_vector<double>(), want[i].second.to_vector<double>()) << want[i].first;
+  }
+
+  auto resumed = make(2, true);
+  for (int d = 0; d < 2; ++d) resumed->replica(d).load_state_dict(plain->replica(0).state_dict());
+  resumed->load_optimizer_state(want);
+  run_steps(*plain, 16, 2, 2);
+  run_steps(*resumed, 16, 2, 2);
+  EXPECT_TRUE(same_bits(weights(resumed->replica(1)), weights(plain->replica(0))));
 }
 
 TEST(DataParallel, OddDeviceCountsWithPowerOfTwoShares) {
@@ -130,7 +189,7 @@ TEST(DataParallel, MatchesAPlainFullBatchStep) {
 TEST(DataParallel, ReportsWhereEachDevicesTimeWent) {
   DataParallel dp(
       {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
-      [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); });
+      [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   const Data data = synthetic(16, 0);
   const StepResult result = dp.step(data.images, data.labels, 0, 0, kSeed);
   ASSERT_EQ(result.devices.size(), 2u);
@@ -146,7 +205,7 @@ TEST(DataParallel, ReportsWhereEachDevicesTimeWent) {
 TEST(DataParallel, AFailingDeviceNamesItsOwnErrorAndStopsTheOthers) {
   DataParallel dp(
       {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
-      [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); });
+      [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   Data data = synthetic(8, 0);
   data.labels.data<int64_t>()[6] = 10;  // device 1's micro-batch: no class 10
   try {
@@ -162,7 +221,7 @@ TEST(DataParallel, AFailingDeviceNamesItsOwnErrorAndStopsTheOthers) {
 TEST(DataParallel, LayoutsTheTreeCannotTakeAreExplained) {
   DataParallel dp(
       {.devices = 4, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
-      [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); });
+      [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   const Data bad_share = synthetic(48, 0);  // 12 micro-batches: 3 per device, not a power of two
   try {
     dp.step(bad_share.images, bad_share.labels, 0, 0, kSeed);

@@ -44,8 +44,8 @@ Weights weights(nn::Module& model) {
   return out;
 }
 
-std::unique_ptr<optim::Optimizer> sgd(nn::Module& m) {
-  return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+std::unique_ptr<optim::Optimizer> sgd(std::vector<Tensor> params) {
+  return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
 }
 
 // Runs body(rank, comm) on `ranks` threads over one local group; returns each rank's error.
@@ -76,7 +76,7 @@ std::vector<Weights> train_ddp(const std::string& model_name, int ranks, int64_t
   std::vector<Weights> out(static_cast<size_t>(ranks));
   const auto errors = run_ranks(ranks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model(model_name, kSeed + static_cast<uint64_t>(rank));
-    DistributedDataParallel ddp(model, sgd(*model), comm, options);
+    DistributedDataParallel ddp(model, sgd, comm, options);
     const int64_t share = batch / ranks;
     for (int s = 0; s < steps; ++s) {
       const Data data = synthetic(batch, static_cast<uint64_t>(s));
@@ -126,10 +126,16 @@ TEST(DistributedDataParallel, BucketSizesDoNotChangeTheBits) {
   EXPECT_TRUE(same_bits(train_ddp("cnn", 2, 16, 4, 1)[1], train_dp("cnn", 1, 16, 4, 1)));
 }
 
+TEST(DistributedDataParallel, ZeroOneGivesTheSameBits) {
+  const Weights one = train_dp("mlp", 1, 32, 4, 3);
+  const auto sharded = train_ddp("mlp", 4, 32, 4, 3, {.zero1 = true});
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(same_bits(sharded[static_cast<size_t>(r)], one)) << "rank " << r;
+}
+
 TEST(DistributedDataParallel, BucketsCoverTheParametersInBackwardOrder) {
   run_ranks(1, [](int, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);
-    DistributedDataParallel ddp(model, sgd(*model), comm,
+    DistributedDataParallel ddp(model, sgd, comm,
                                 {.micro_batch = 1, .bucket_bytes = 1 << 20, .first_bucket_bytes = 4096});
     const auto& buckets = ddp.buckets();
     ASSERT_GE(buckets.size(), 3u);
@@ -159,8 +165,10 @@ TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
   std::vector<Weights> before(2), after(2);
   const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto model = std::make_shared<WithUnusedParameter>();
-    auto optimizer = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.1});
-    DistributedDataParallel ddp(model, std::move(optimizer), comm, {.micro_batch = 2});
+    DistributedDataParallel ddp(
+        model,
+        [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); },
+        comm, {.micro_batch = 2});
     before[static_cast<size_t>(rank)] = weights(*model->unused);
     const Data data = synthetic(8, 0);
     ddp.step(slice(data.images, 0, rank * 4, rank * 4 + 4), slice(data.labels, 0, rank * 4, rank * 4 + 4), rank * 4, 0,
@@ -175,7 +183,7 @@ TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
 TEST(DistributedDataParallel, AFailingRankStopsTheOthersNamingItself) {
   const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);
-    DistributedDataParallel ddp(model, sgd(*model), comm, {.micro_batch = 4});
+    DistributedDataParallel ddp(model, sgd, comm, {.micro_batch = 4});
     Data data = synthetic(8, 0);
     if (rank == 1) data.labels.data<int64_t>()[5] = 10;  // rank 1's share: no class 10
     ddp.step(slice(data.images, 0, rank * 4, rank * 4 + 4), slice(data.labels, 0, rank * 4, rank * 4 + 4), rank * 4, 0,
@@ -188,7 +196,7 @@ TEST(DistributedDataParallel, AFailingRankStopsTheOthersNamingItself) {
 TEST(DistributedDataParallel, LayoutsTheTreeCannotTakeAreExplained) {
   const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);
-    DistributedDataParallel ddp(model, sgd(*model), comm, {.micro_batch = 4});
+    DistributedDataParallel ddp(model, sgd, comm, {.micro_batch = 4});
     const Data data = synthetic(12, 0);  // 6 per rank: 3 micro-batches of 4 in all
     ddp.step(slice(data.images, 0, rank * 6, rank * 6 + 6), slice(data.labels, 0, rank * 6, rank * 6 + 6), rank * 6, 0,
              kSeed);

@@ -211,6 +211,14 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
   EXPECT_EQ(exits[1].output, "");  // only rank 0 reports
   EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
 
+  // ZeRO-1: the same bits, half the optimizer state on each of the two ranks.
+  const auto sharded = comm::testing::launch_program(
+      2, kBinary, split_words(flags + " --strategy zero1 --out " + (root_ / "zero1").string()), {});
+  for (const auto& e : sharded) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(sharded);
+  EXPECT_EQ(summary(root_ / "zero1")["weights_sha256"], reference);
+  const double whole = summary(root_ / "ddp")["optimizer_state_bytes"];
+  EXPECT_NEAR(summary(root_ / "zero1")["optimizer_state_bytes"].get<double>(), whole / 2, 64) << whole;
+
   if (!on_path("mpirun")) GTEST_SKIP() << "mpirun is not on PATH (install openmpi-bin)";
   for (const std::string backend : {"auto", "mpi"}) {
     const fs::path out = root_ / ("mpi-" + backend);
@@ -236,6 +244,20 @@ TEST_F(TrainCommand, AKilledRankEndsTheJobNamingIt) {
   EXPECT_NE(exits[0].output.find("rank 1"), std::string::npos) << exits[0].output;
   EXPECT_LT(seconds, 60) << "the survivor waited for a timeout instead of noticing the death";
   EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
+}
+
+// A checkpoint written by 2 ZeRO-1 processes (the optimizer state gathered whole) resumes
+// on one process with 2 devices, ending with the weights of an uninterrupted run.
+TEST_F(TrainCommand, ZeroOneCheckpointResumesUnsharded) {
+  const std::string flags = base() + " --optimizer adamw --lr-schedule cosine:total=10 --micro-batch 8";
+  ASSERT_EQ(run(flags + " --devices 1 --steps 10 --out " + (root_ / "whole").string()).exit_code, 0);
+  const auto exits = comm::testing::launch_program(
+      2, kBinary, split_words(flags + " --strategy zero1 --steps 4 --out " + (root_ / "split").string()), {});
+  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  const Result resumed =
+      run(base() + " --lr-schedule cosine:total=10 --devices 2 --steps 10 --resume " + (root_ / "split").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
 }
 
 TEST_F(TrainCommand, WritesTheDeviceTableAndATrace) {

@@ -17,17 +17,22 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 }  // namespace
 
 DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
-                           const MakeOptimizer& make_optimizer)
+                           const OptimizerFactory& make_optimizer)
     : options_(options) {
   LOCKSTEP_CHECK(options.devices >= 1) << "data parallel needs at least one device, got " << options.devices;
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
+  comms_ = comm::LocalCommunicator::create_group(options.devices);
+  gradients_.reserve(static_cast<size_t>(options.devices));  // the sharded optimizers keep references
   for (int d = 0; d < options.devices; ++d) {
     replicas_.push_back(make_replica(d));
-    gradients_.emplace_back(replicas_.back()->parameters());
-    optimizers_.push_back(make_optimizer(*replicas_.back()));
+    gradients_.emplace_back(replicas_.back()->parameters(), options.zero1 ? options.devices : 1);
+    if (options.zero1) {
+      sharded_.push_back(std::make_unique<ShardedOptimizer>(gradients_.back(), *comms_[d], make_optimizer));
+    } else {
+      optimizers_.push_back(make_optimizer(replicas_.back()->parameters()));
+    }
   }
-  comms_ = comm::LocalCommunicator::create_group(options.devices);
   workers_ = std::make_unique<DeviceWorkers>(
       options.devices, options.threads_per_device, [this](int device, const std::string& message) {
         // The other devices stop waiting for this one.
@@ -39,6 +44,30 @@ DataParallel::~DataParallel() = default;
 
 void DataParallel::set_lr(double lr) {
   for (const auto& optimizer : optimizers_) optimizer->set_lr(lr);
+  for (const auto& optimizer : sharded_) optimizer->set_lr(lr);
+}
+
+double DataParallel::lr() const { return options_.zero1 ? sharded_[0]->lr() : optimizers_[0]->lr(); }
+
+NamedTensors DataParallel::optimizer_state() {
+  if (!options_.zero1) return optimizers_[0]->state_dict();
+  std::vector<NamedTensors> states(static_cast<size_t>(devices()));
+  workers_->run([&](int d) { states[static_cast<size_t>(d)] = sharded_[static_cast<size_t>(d)]->full_state_dict(); });
+  return states[0];
+}
+
+void DataParallel::load_optimizer_state(const NamedTensors& state) {
+  for (const auto& optimizer : optimizers_) optimizer->load_state_dict(state);
+  for (const auto& optimizer : sharded_) optimizer->load_full_state_dict(state);
+}
+
+int64_t DataParallel::optimizer_state_bytes(int device) const {
+  if (options_.zero1) return sharded_.at(static_cast<size_t>(device))->state_bytes();
+  int64_t bytes = 0;
+  for (const auto& [key, tensor] : optimizers_.at(static_cast<size_t>(device))->state_dict()) {
+    if (key != "step") bytes += tensor.numel() * static_cast<int64_t>(dtype_size(tensor.dtype()));
+  }
+  return bytes;
 }
 
 void DataParallel::run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample,
@@ -73,15 +102,29 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   comm.barrier();  // so the wait for the slowest device is not counted as communication
   times.wait = seconds_since(start);
   start = Clock::now();
-  for (const Tensor& s : sums) comm.all_reduce(s);
-  times.communicate = seconds_since(start);
-
-  start = Clock::now();
-  gradients.give(sums[0]);
+  comm.all_reduce(sums[1]);  // the loss
   if (device == 0) result.loss = sums[1].data<double>()[0];
-  optimizers_[device]->step();
-  optimizers_[device]->zero_grad();
+  if (!options_.zero1) {
+    comm.all_reduce(sums[0]);
+    times.communicate = seconds_since(start);
+    start = Clock::now();
+    gradients.give(sums[0]);
+    optimizers_[device]->step();
+    optimizers_[device]->zero_grad();
+    times.optimizer = seconds_since(start);
+    return;
+  }
+  // ZeRO-1: each device reduces and steps its shard, then gathers everyone's weights.
+  ShardedOptimizer& sharded = *sharded_[device];
+  const Tensor shard = Tensor::empty({sharded.shard_size()}, sums[0].dtype(), sums[0].device());
+  comm.reduce_scatter(sums[0], shard);
+  times.communicate = seconds_since(start);
+  start = Clock::now();
+  sharded.update(shard);
   times.optimizer = seconds_since(start);
+  start = Clock::now();
+  sharded.gather_weights();
+  times.communicate += seconds_since(start);
 }
 
 StepResult DataParallel::step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,

@@ -17,6 +17,7 @@
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/device_workers.h"
 #include "lockstep/parallel/flat_gradients.h"
+#include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
 
 namespace lockstep::parallel {
@@ -25,17 +26,19 @@ struct DataParallelOptions {
   int devices = 1;
   int64_t micro_batch = 1;  // samples per micro-batch: the leaf of the step's tree
   int threads_per_device = 1;
+  bool zero1 = false;  // shard the optimizer state across the devices (ZeRO stage 1)
 };
 
 class DataParallel {
  public:
   using MakeReplica = std::function<std::shared_ptr<nn::Module>(int device)>;
-  using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(nn::Module& replica)>;
 
   // make_replica(d) must give the same initial weights for every d (e.g. one seed). The
   // parameters must share one dtype (the gradients travel as one flat buffer).
+  // make_optimizer(params) builds an elementwise optimizer (SGD, AdamW): over a replica's
+  // parameters, or under zero1 over one flat shard of them.
   DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
-               const MakeOptimizer& make_optimizer);
+               const OptimizerFactory& make_optimizer);
   ~DataParallel();
 
   // One optimizer step on a global batch (images [B, ...], labels [B]) whose first sample
@@ -48,9 +51,16 @@ class DataParallel {
   int64_t micro_batch() const { return options_.micro_batch; }
   int threads_per_device() const { return options_.threads_per_device; }
   nn::Module& replica(int device) { return *replicas_.at(device); }
-  optim::Optimizer& optimizer(int device) { return *optimizers_.at(device); }
-  // Sets the learning rate of every replica's optimizer.
+  // The learning rate of every device's optimizer.
   void set_lr(double lr);
+  double lr() const;
+  // The optimizer state as one unsharded optimizer over a replica's parameters holds it
+  // (the same for every device; under zero1 gathered from the shards), and its loading into
+  // every device.
+  NamedTensors optimizer_state();
+  void load_optimizer_state(const NamedTensors& state);
+  // Bytes of optimizer state device d holds (1/devices() of the whole under zero1).
+  int64_t optimizer_state_bytes(int device) const;
 
  private:
   // Device d's part of a step; device 0 also writes the step's loss.
@@ -60,7 +70,8 @@ class DataParallel {
   DataParallelOptions options_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;
   std::vector<FlatGradients> gradients_;
-  std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
+  std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;  // without zero1
+  std::vector<std::unique_ptr<ShardedOptimizer>> sharded_;     // with zero1
   std::vector<std::shared_ptr<comm::Communicator>> comms_;
   std::unique_ptr<DeviceWorkers> workers_;
 };

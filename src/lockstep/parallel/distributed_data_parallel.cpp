@@ -38,14 +38,13 @@ Tensor range_of(const Tensor& flat, int64_t begin, int64_t end) {
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> model,
-                                                 std::unique_ptr<optim::Optimizer> optimizer,
+                                                 const OptimizerFactory& make_optimizer,
                                                  std::shared_ptr<comm::Communicator> comm,
                                                  const DistributedDataParallelOptions& options)
     : model_(std::move(model)),
-      optimizer_(std::move(optimizer)),
       comm_(std::move(comm)),
       options_(options),
-      gradients_(model_->parameters()) {
+      gradients_(model_->parameters(), options.zero1 ? comm_->size() : 1) {
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
   LOCKSTEP_CHECK(options.bucket_bytes >= 1 && options.first_bucket_bytes >= 1)
@@ -53,6 +52,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       << options.bucket_bytes;
   // Every rank starts from rank 0's weights and buffers.
   for (const auto& [name, tensor] : model_->state_dict()) comm_->broadcast(tensor, 0);
+  if (options.zero1) {
+    sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer);
+  } else {
+    optimizer_ = make_optimizer(model_->parameters());
+  }
 
   buckets_ = plan_buckets(gradients_, options.first_bucket_bytes, options.bucket_bytes);
   bucket_of_.resize(gradients_.params().size());
@@ -67,12 +71,43 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (const Tensor& p : gradients_.params()) p.set_post_accumulate_grad_hook(nullptr);
 }
 
+void DistributedDataParallel::set_lr(double lr) {
+  if (sharded_) {
+    sharded_->set_lr(lr);
+  } else {
+    optimizer_->set_lr(lr);
+  }
+}
+
+double DistributedDataParallel::lr() const { return sharded_ ? sharded_->lr() : optimizer_->lr(); }
+
+NamedTensors DistributedDataParallel::optimizer_state() {
+  return sharded_ ? sharded_->full_state_dict() : optimizer_->state_dict();
+}
+
+void DistributedDataParallel::load_optimizer_state(const NamedTensors& state) {
+  if (sharded_) {
+    sharded_->load_full_state_dict(state);
+  } else {
+    optimizer_->load_state_dict(state);
+  }
+}
+
+int64_t DistributedDataParallel::optimizer_state_bytes() const {
+  if (sharded_) return sharded_->state_bytes();
+  int64_t bytes = 0;
+  for (const auto& [key, tensor] : optimizer_->state_dict()) {
+    if (key != "step") bytes += tensor.numel() * static_cast<int64_t>(dtype_size(tensor.dtype()));
+  }
+  return bytes;
+}
+
 void DistributedDataParallel::on_gradient_ready(size_t param) {
   if (!collecting_ || taken_[param]) return;
   gradients_.take(param, last_leaf_);
   taken_[param] = true;
   --missing_[bucket_of_[param]];
-  start_ready_buckets();
+  if (!sharded_) start_ready_buckets();  // zero1 reduce-scatters after backward
 }
 
 void DistributedDataParallel::start_ready_buckets() {
@@ -147,7 +182,11 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
     gradients_.take(i, last_leaf_);
     --missing_[bucket_of_[i]];
   }
-  start_ready_buckets();
+  if (sharded_) {
+    tree_.finish_range(last_leaf_, 0, last_leaf_.numel());
+  } else {
+    start_ready_buckets();
+  }
   times.compute = seconds_since(start);
 
   start = Clock::now();
@@ -157,14 +196,26 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   const Tensor loss = losses.finish()[0];
   comm_->all_reduce(loss);
   result.loss = loss.data<double>()[0];
-  times.communicate = seconds_since(start);
-
-  start = Clock::now();
-  gradients_.give(last_leaf_);
-  optimizer_->step();
-  optimizer_->zero_grad();
+  if (!sharded_) {
+    times.communicate = seconds_since(start);
+    start = Clock::now();
+    gradients_.give(last_leaf_);
+    optimizer_->step();
+    optimizer_->zero_grad();
+    last_leaf_ = Tensor();
+    times.optimizer = seconds_since(start);
+    return;
+  }
+  const Tensor shard = Tensor::empty({sharded_->shard_size()}, last_leaf_.dtype(), last_leaf_.device());
+  comm_->reduce_scatter(last_leaf_, shard);
   last_leaf_ = Tensor();
+  times.communicate = seconds_since(start);
+  start = Clock::now();
+  sharded_->update(shard);
   times.optimizer = seconds_since(start);
+  start = Clock::now();
+  sharded_->gather_weights();
+  times.communicate += seconds_since(start);
 }
 
 }  // namespace lockstep::parallel

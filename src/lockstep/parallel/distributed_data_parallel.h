@@ -10,7 +10,10 @@
 //   bucket is complete its part of the rank's subtree is folded and its all-reduce starts,
 //   overlapping communication with the rest of backward. Buckets start in order on every
 //   rank; parameters that got no gradient count as zeros;
-// - then the loss is reduced and the optimizer steps.
+// - then the loss is reduced and the optimizer steps;
+// - with zero1 (ZeRO stage 1) the optimizer state is sharded (sharded_optimizer.h): after
+//   backward the gradients are reduce-scattered in one call (no buckets yet), each rank
+//   steps its shard, and the weights are all-gathered.
 // The weights are the bits DataParallel gives on as many devices, and one device gives.
 #pragma once
 
@@ -23,6 +26,7 @@
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/flat_gradients.h"
 #include "lockstep/parallel/gradient_tree.h"
+#include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
 
 namespace lockstep::parallel {
@@ -31,6 +35,7 @@ struct DistributedDataParallelOptions {
   int64_t micro_batch = 1;                   // samples per micro-batch: the leaf of the step's tree
   int64_t bucket_bytes = int64_t{25} << 20;  // gradient bytes per all-reduce (PyTorch's bucket_cap_mb)
   int64_t first_bucket_bytes = int64_t{1} << 20;
+  bool zero1 = false;  // shard the optimizer state across the ranks
 };
 
 // A contiguous range of the flat gradient buffer, reduced by one all-reduce.
@@ -41,9 +46,10 @@ struct GradientBucket {
 
 class DistributedDataParallel {
  public:
-  // model: this rank's replica; optimizer: over model's parameters. The communicator's
-  // ranks are the devices.
-  DistributedDataParallel(std::shared_ptr<nn::Module> model, std::unique_ptr<optim::Optimizer> optimizer,
+  // model: this rank's replica; make_optimizer(params): an elementwise optimizer (SGD,
+  // AdamW) over the model's parameters, or under zero1 over this rank's flat shard of them.
+  // The communicator's ranks are the devices. Collective (rank 0's weights are broadcast).
+  DistributedDataParallel(std::shared_ptr<nn::Module> model, const OptimizerFactory& make_optimizer,
                           std::shared_ptr<comm::Communicator> comm, const DistributedDataParallelOptions& options);
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -56,8 +62,15 @@ class DistributedDataParallel {
   StepResult step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed);
 
   nn::Module& module() { return *model_; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
   comm::Communicator& communicator() { return *comm_; }
+  void set_lr(double lr);
+  double lr() const;
+  // The optimizer state as one unsharded optimizer over the parameters holds it (under
+  // zero1 gathered from every rank: collective), and its loading.
+  NamedTensors optimizer_state();
+  void load_optimizer_state(const NamedTensors& state);
+  // Bytes of optimizer state this rank holds (1/size() of the whole under zero1).
+  int64_t optimizer_state_bytes() const;
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
 
  private:
@@ -67,10 +80,11 @@ class DistributedDataParallel {
   void start_ready_buckets();
 
   std::shared_ptr<nn::Module> model_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<comm::Communicator> comm_;
   DistributedDataParallelOptions options_;
   FlatGradients gradients_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // without zero1
+  std::unique_ptr<ShardedOptimizer> sharded_;    // with zero1
   std::vector<GradientBucket> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter
 

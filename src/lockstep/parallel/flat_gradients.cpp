@@ -9,8 +9,10 @@ Tensor view_at(const Tensor& flat, const Shape& shape, int64_t offset) {
 
 }  // namespace
 
-FlatGradients::FlatGradients(std::vector<Tensor> params) : params_(std::move(params)), offsets_(params_.size()) {
+FlatGradients::FlatGradients(std::vector<Tensor> params, int shards)
+    : params_(std::move(params)), offsets_(params_.size()) {
   LOCKSTEP_CHECK(!params_.empty()) << "data parallelism needs a model with parameters";
+  LOCKSTEP_CHECK(shards >= 1) << "a buffer cuts into at least one shard, got " << shards;
   for (size_t i = params_.size(); i-- > 0;) {
     const Tensor& p = params_[i];
     LOCKSTEP_CHECK(p.dtype() == params_.front().dtype() && p.device() == params_.front().device())
@@ -21,20 +23,37 @@ FlatGradients::FlatGradients(std::vector<Tensor> params) : params_(std::move(par
     offsets_[i] = numel_;
     numel_ += p.numel();
   }
+  padded_ = (numel_ + shards - 1) / shards * shards;
 }
 
 Tensor FlatGradients::empty_buffer() const {
-  return Tensor::empty({numel_}, params_.front().dtype(), params_.front().device());
+  const Tensor flat = Tensor::empty({padded_}, params_.front().dtype(), params_.front().device());
+  if (padded_ > numel_) flat.as_strided({padded_ - numel_}, {1}, numel_).zero();
+  return flat;
+}
+
+Tensor FlatGradients::view(const Tensor& flat, size_t i) const {
+  return view_at(flat, params_[i].shape(), flat.offset() + offsets_[i]);
+}
+
+Tensor FlatGradients::gather_values() const {
+  const Tensor flat = empty_buffer();
+  for (size_t i = 0; i < params_.size(); ++i) view(flat, i).copy_from(params_[i]);
+  return flat;
+}
+
+void FlatGradients::scatter_values(const Tensor& flat) const {
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_from(view(flat, i));
 }
 
 void FlatGradients::take(size_t i, const Tensor& flat) const {
   const Tensor& p = params_[i];
-  const Tensor view = view_at(flat, p.shape(), offsets_[i]);
+  const Tensor place = view(flat, i);
   const Tensor g = p.grad();
   if (g.defined()) {
-    view.copy_from(g);
+    place.copy_from(g);
   } else {
-    view.zero();
+    place.zero();
   }
   p.set_grad(Tensor());
 }
@@ -46,7 +65,7 @@ Tensor FlatGradients::take_all() const {
 }
 
 void FlatGradients::give(const Tensor& flat) const {
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_grad(view_at(flat, params_[i].shape(), offsets_[i]));
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_grad(view(flat, i));
 }
 
 }  // namespace lockstep::parallel

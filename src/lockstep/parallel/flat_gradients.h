@@ -14,9 +14,12 @@ namespace lockstep::parallel {
 class FlatGradients {
  public:
   // The parameters must share one dtype and device; the error names the first that does not.
-  explicit FlatGradients(std::vector<Tensor> params);
+  // Buffers are padded with zeros to a multiple of `shards` elements, so they cut into equal
+  // shards (ZeRO).
+  explicit FlatGradients(std::vector<Tensor> params, int shards = 1);
 
-  int64_t numel() const { return numel_; }
+  int64_t numel() const { return numel_; }          // the parameters' elements
+  int64_t padded_numel() const { return padded_; }  // a buffer's elements
   const std::vector<Tensor>& params() const { return params_; }
   // Where parameter i (in the order given) starts in the buffer.
   int64_t offset(size_t i) const { return offsets_[i]; }
@@ -28,11 +31,17 @@ class FlatGradients {
   Tensor take_all() const;
   // Sets every parameter's .grad to its view of `flat`.
   void give(const Tensor& flat) const;
+  // Parameter i's view of a buffer.
+  Tensor view(const Tensor& flat, size_t i) const;
+  // A new buffer holding the parameters' values; copies a buffer's values into them.
+  Tensor gather_values() const;
+  void scatter_values(const Tensor& flat) const;
 
  private:
   std::vector<Tensor> params_;
   std::vector<int64_t> offsets_;
   int64_t numel_ = 0;
+  int64_t padded_ = 0;
 };
 
 }  // namespace lockstep::parallel

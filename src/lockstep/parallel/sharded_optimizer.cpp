@@ -1,0 +1,128 @@
+#include "lockstep/parallel/sharded_optimizer.h"
+
+#include <map>
+
+namespace lockstep::parallel {
+namespace {
+
+Tensor range_of(const Tensor& flat, int64_t begin, int64_t count) {
+  return flat.as_strided({count}, {1}, flat.offset() + begin);
+}
+
+// "state.<index>.<slot>" → (index, slot); false for other keys.
+bool split_state_key(const std::string& key, size_t& index, std::string& slot) {
+  if (key.rfind("state.", 0) != 0) return false;
+  const size_t dot = key.find('.', 6);
+  if (dot == std::string::npos) return false;
+  try {
+    index = std::stoul(key.substr(6, dot - 6));
+  } catch (const std::exception&) {
+    return false;
+  }
+  slot = key.substr(dot + 1);
+  return true;
+}
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm,
+                                   const OptimizerFactory& make_optimizer)
+    : layout_(layout), comm_(comm) {
+  LOCKSTEP_CHECK(layout.padded_numel() % comm.size() == 0)
+      << "the flat buffer (" << layout.padded_numel() << " elements) does not cut into " << comm.size()
+      << " equal shards: build its FlatGradients with shards = " << comm.size();
+  const int64_t size = layout.padded_numel() / comm.size();
+  shard_ = range_of(layout.gather_values(), size * comm.rank(), size).clone();
+  shard_.set_requires_grad(true);
+  optimizer_ = make_optimizer({shard_});
+}
+
+void ShardedOptimizer::update(const Tensor& grad_shard) {
+  LOCKSTEP_CHECK(grad_shard.numel() == shard_.numel())
+      << "a gradient shard of " << grad_shard.numel() << " elements for a weight shard of " << shard_.numel();
+  shard_.set_grad(grad_shard.reshape({shard_.numel()}));
+  optimizer_->step();
+  optimizer_->zero_grad();
+}
+
+void ShardedOptimizer::gather_weights() {
+  const Tensor weights = layout_.empty_buffer();
+  comm_.all_gather(shard_, weights);
+  layout_.scatter_values(weights);
+}
+
+int64_t ShardedOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [key, tensor] : optimizer_->state_dict()) {
+    if (key != "step") bytes += tensor.numel() * static_cast<int64_t>(dtype_size(tensor.dtype()));
+  }
+  return bytes;
+}
+
+NamedTensors ShardedOptimizer::full_state_dict() {
+  // Per slot, in the optimizer's order: the full flat buffer, or a per-parameter scalar
+  // (AdamW's step count, the same for every parameter).
+  NamedTensors out;
+  std::vector<std::pair<std::string, Tensor>> slots;
+  std::vector<bool> per_element;
+  for (const auto& [key, tensor] : optimizer_->state_dict()) {
+    size_t index = 0;
+    std::string slot;
+    if (!split_state_key(key, index, slot)) {
+      out.emplace_back(key, tensor.clone());  // "step"
+      continue;
+    }
+    const bool elementwise = tensor.numel() == shard_.numel();
+    Tensor value = tensor.clone();
+    if (elementwise) {
+      value = layout_.empty_buffer();
+      comm_.all_gather(tensor.reshape({shard_.numel()}), value);
+    }
+    slots.emplace_back(slot, value);
+    per_element.push_back(elementwise);
+  }
+  // The unsharded optimizer's order: per parameter, its slots.
+  for (size_t i = 0; i < layout_.params().size(); ++i) {
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const Tensor& value = slots[s].second;
+      out.emplace_back("state." + std::to_string(i) + "." + slots[s].first,
+                       per_element[s] ? layout_.view(value, i).clone() : value.clone());
+    }
+  }
+  return out;
+}
+
+void ShardedOptimizer::load_full_state_dict(const NamedTensors& state) {
+  // Per slot, the full flat buffer (zeros for a parameter that had none), then this rank's range.
+  std::map<std::string, Tensor> per_element;
+  std::map<std::string, Tensor> scalars;
+  NamedTensors shard_state;
+  for (const auto& [key, tensor] : state) {
+    size_t index = 0;
+    std::string slot;
+    if (!split_state_key(key, index, slot)) {
+      shard_state.emplace_back(key, tensor);
+      continue;
+    }
+    LOCKSTEP_CHECK(index < layout_.params().size())
+        << key << ": parameter " << index << " does not exist, the model has " << layout_.params().size();
+    const Tensor& param = layout_.params()[index];
+    if (tensor.numel() != param.numel() || tensor.shape() != param.shape()) {
+      scalars.emplace(slot, tensor);  // a per-parameter scalar, the same for all
+      continue;
+    }
+    auto [it, fresh] = per_element.emplace(slot, Tensor());
+    if (fresh) {
+      it->second = layout_.empty_buffer();
+      it->second.zero();
+    }
+    layout_.view(it->second, index).copy_from(tensor);
+  }
+  for (const auto& [slot, full] : per_element)
+    shard_state.emplace_back("state.0." + slot, range_of(full, shard_begin(), shard_size()).clone());
+  for (const auto& [slot, value] : scalars) shard_state.emplace_back("state.0." + slot, value);
+  optimizer_->load_state_dict(shard_state);
+  shard_.copy_from(range_of(layout_.gather_values(), shard_begin(), shard_size()));
+}
+
+}  // namespace lockstep::parallel

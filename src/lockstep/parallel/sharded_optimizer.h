@@ -1,0 +1,54 @@
+// ZeRO stage 1: the optimizer state is cut into equal shards, one per rank. Each rank
+// holds the weights of its range of the flat parameter buffer (FlatGradients' order) and
+// an optimizer over that one flat tensor; a step updates the shard from the reduced
+// gradients of the same range and all-gathers every rank's shard back into the full
+// weights. The optimizers are elementwise, so each element gets the very update the
+// unsharded optimizer gives it: the same bits with 1/N of the state per rank.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/nn/named_tensors.h"
+#include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/flat_gradients.h"
+
+namespace lockstep::parallel {
+
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
+
+class ShardedOptimizer {
+ public:
+  // layout: the parameters, padded to a multiple of comm.size() elements. Every rank's
+  // parameters must hold the same values (they are read as the shards' starting weights).
+  ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm, const OptimizerFactory& make_optimizer);
+
+  int64_t shard_size() const { return shard_.numel(); }
+  int64_t shard_begin() const { return shard_size() * comm_.rank(); }
+  // Steps this rank's shard with grad_shard (its range of the reduced gradients) ...
+  void update(const Tensor& grad_shard);
+  // ... then every rank's shard goes into the parameters (collective).
+  void gather_weights();
+  void set_lr(double lr) { optimizer_->set_lr(lr); }
+  double lr() const { return optimizer_->lr(); }
+  // Bytes of optimizer state this rank holds.
+  int64_t state_bytes() const;
+
+  // The state an unsharded optimizer over the parameters would have ("step",
+  // "state.<param>.<slot>"), gathered from every rank: collective. Checkpoints hold this,
+  // so they load on any number of ranks, sharded or not.
+  NamedTensors full_state_dict();
+  // Takes this rank's shard of such a state (not collective); also re-reads the weights
+  // from the parameters.
+  void load_full_state_dict(const NamedTensors& state);
+
+ private:
+  const FlatGradients& layout_;
+  comm::Communicator& comm_;
+  Tensor shard_;  // this rank's weights, the one parameter of optimizer_
+  std::unique_ptr<optim::Optimizer> optimizer_;
+};
+
+}  // namespace lockstep::parallel
