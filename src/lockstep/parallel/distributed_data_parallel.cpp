@@ -58,6 +58,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     optimizer_ = make_optimizer(model_->parameters());
   }
 
+  // The final micro-batch's gradients are reduced where they lie: in memory the peers can
+  // read (shared memory under `shm`), allocated once, so the all-reduce needs no staging copy.
+  const Tensor sample = gradients_.params().front();
+  reduced_ = comm_->empty_shared({gradients_.padded_numel()}, sample.dtype(), sample.device());
   buckets_ = plan_buckets(gradients_, options.first_bucket_bytes, options.bucket_bytes);
   bucket_of_.resize(gradients_.params().size());
   for (size_t b = 0; b < buckets_.size(); ++b)
@@ -159,7 +163,9 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   for (int64_t first = 0; first < local; first += micro) {
     const bool last = first + micro == local;
     if (last) {
-      last_leaf_ = gradients_.empty_buffer();
+      last_leaf_ = reduced_;
+      const int64_t real = gradients_.numel(), padded = gradients_.padded_numel();
+      if (padded > real) range_of(last_leaf_, real, padded).zero();  // ZeRO's padding
       taken_.assign(gradients_.params().size(), false);
       missing_.clear();
       for (const GradientBucket& bucket : buckets_) missing_.push_back(bucket.params.size());

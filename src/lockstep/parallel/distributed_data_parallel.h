@@ -88,6 +88,8 @@ class DistributedDataParallel {
   std::vector<GradientBucket> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter
 
+  Tensor reduced_;  // where the final micro-batch's gradients are reduced, every step
+
   // The step in flight.
   GradientTree tree_;
   Tensor last_leaf_;             // the final micro-batch's gradients, reduced bucket by bucket
