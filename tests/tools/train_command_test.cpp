@@ -260,6 +260,20 @@ TEST_F(TrainCommand, ZeroOneCheckpointResumesUnsharded) {
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
 }
 
+// examples/ddp_train.cpp, the program users copy: on 2 processes it prints the losses it
+// prints on one, digit for digit.
+TEST_F(TrainCommand, TheDdpExampleGivesOneProcesssLosses) {
+  const std::string example = std::string(LOCKSTEP_BINARY_DIR) + "/bin/ddp_train";
+  if (!fs::exists(example)) GTEST_SKIP() << example << " is not built (this configuration builds the tests only)";
+  const Result alone = run_shell("env -u RANK -u WORLD_SIZE " + example + " 16 " + data_.string());
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const auto exits = comm::testing::launch_program(2, example, {"16", data_.string()}, {});
+  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  EXPECT_NE(alone.output.find("step 16  loss"), std::string::npos) << alone.output;
+  EXPECT_EQ(exits[0].output, alone.output);
+  EXPECT_EQ(exits[1].output, "");
+}
+
 TEST_F(TrainCommand, WritesTheDeviceTableAndATrace) {
   const fs::path trace = root_ / "steps.trace.json";
   const Result r = run("train --threads 2 --devices 2 --model mlp --data " + data_.string() +
