@@ -9,18 +9,10 @@ its contiguous share of every global batch, as Lockstep's ddp does. Rank 0 print
 """
 
 import argparse
-import gzip
 import os
 import socket
 import sys
 import time
-
-
-def read_idx(path, header_bytes):
-    import numpy as np
-
-    with gzip.open(path, "rb") as f:
-        return np.frombuffer(f.read(), dtype=np.uint8, offset=header_bytes)
 
 
 def free_port():
@@ -30,22 +22,21 @@ def free_port():
 
 
 def rank_main(rank, args, port, results):
-    import numpy as np
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "tests", "fixtures"))
+    sys.path.insert(0, here)
     from torch_models import CNN, MLP
+    from torch_train import load_training_set
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world)
     torch.manual_seed(0)
-    pixels = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"), 16)
-    labels = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"), 8)
-    images = torch.from_numpy(pixels.reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
-    targets = torch.from_numpy(labels.astype(np.int64))
+    images, targets = load_training_set(args.data)
     n = images.shape[0]
 
     model = DDP(CNN() if args.model == "cnn" else MLP())

@@ -40,6 +40,17 @@ def read_idx(path, header_bytes):
         return np.frombuffer(f.read(), dtype=np.uint8, offset=header_bytes)
 
 
+def load_training_set(data_dir):
+    """Fashion-MNIST's training images as float32 [n, 1, 28, 28] in [0, 1] and int64 labels."""
+    import numpy as np
+    import torch
+
+    pixels = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"), 16)
+    labels = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"), 8)
+    images = torch.from_numpy(pixels.reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
+    return images, torch.from_numpy(labels.astype(np.int64))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
@@ -53,7 +64,7 @@ def main():
     args = parser.parse_args()
 
     try:
-        import numpy as np
+        import numpy as np  # noqa: F401 (checked here, used by load_training_set)
         import torch
         import torch.nn.functional as F
     except ImportError as e:
@@ -71,10 +82,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    pixels = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"), 16)
-    labels = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"), 8)
-    images = torch.from_numpy(pixels.reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
-    targets = torch.from_numpy(labels.astype(np.int64))
+    images, targets = load_training_set(args.data)
     n = images.shape[0]
 
     model = CNN() if args.model == "cnn" else MLP()

@@ -6,41 +6,18 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include "lockstep/core/parallel.h"
-#include "lockstep/core/philox.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/optim/sgd.h"
-#include "testing/gradcheck.h"
+#include "parallel/step_testing.h"
 
 namespace lockstep::parallel {
 namespace {
 
-constexpr uint64_t kSeed = 7;
+using namespace step_testing;
 
-struct Data {
-  Tensor images, labels;
-};
-
-Data synthetic(int64_t batch, uint64_t step) {
-  Philox rng(kSeed, 1000 + step);
-  std::vector<float> pixels(static_cast<size_t>(batch) * 784);
-  for (float& p : pixels) p = uint_to_unit_float(rng.next_u32());
-  std::vector<int64_t> labels(static_cast<size_t>(batch));
-  for (int64_t& l : labels) l = static_cast<int64_t>(rng.next_u32() % 10);
-  return {Tensor::from_vector(pixels, {batch, 1, 28, 28}), Tensor::from_vector(labels, {batch})};
-}
-
-std::vector<std::vector<float>> weights(nn::Module& model) {
-  std::vector<std::vector<float>> out;
-  for (const Tensor& p : model.parameters()) out.push_back(p.to_vector<float>());
-  return out;
-}
-
-// Trains `steps` steps of a global batch on `devices` devices and returns device 0's weights.
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, std::vector<Tensor> params) {
   if (name == "adamw") return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-3});
   return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
@@ -54,6 +31,7 @@ void run_steps(DataParallel& dp, int64_t batch, int first_step, int steps, std::
   }
 }
 
+// Trains `steps` steps of a global batch on `devices` devices and returns device 0's weights.
 std::vector<std::vector<float>> train(const std::string& model_name, int devices, int64_t batch, int64_t micro,
                                       int steps, std::vector<double>* losses = nullptr, int threads_per_device = 1,
                                       bool zero1 = false, const std::string& optimizer = "sgd") {
@@ -69,14 +47,6 @@ std::vector<std::vector<float>> train(const std::string& model_name, int devices
   const auto first = weights(dp.replica(0));
   for (int d = 1; d < devices; ++d) EXPECT_EQ(weights(dp.replica(d)), first) << "replica " << d << " drifted";
   return first;
-}
-
-bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
-  }
-  return true;
 }
 
 TEST(DataParallel, SameBitsOnOneTwoFourAndEightDevices) {

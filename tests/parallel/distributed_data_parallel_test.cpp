@@ -6,43 +6,21 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <thread>
 
 #include "lockstep/comm/local_communicator.h"
 #include "lockstep/core/parallel.h"
-#include "lockstep/core/philox.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/parallel/data_parallel.h"
+#include "parallel/step_testing.h"
 
 namespace lockstep::parallel {
 namespace {
 
-constexpr uint64_t kSeed = 7;
-
-struct Data {
-  Tensor images, labels;
-};
-
-Data synthetic(int64_t batch, uint64_t step) {
-  Philox rng(kSeed, 1000 + step);
-  std::vector<float> pixels(static_cast<size_t>(batch) * 784);
-  for (float& p : pixels) p = uint_to_unit_float(rng.next_u32());
-  std::vector<int64_t> labels(static_cast<size_t>(batch));
-  for (int64_t& l : labels) l = static_cast<int64_t>(rng.next_u32() % 10);
-  return {Tensor::from_vector(pixels, {batch, 1, 28, 28}), Tensor::from_vector(labels, {batch})};
-}
-
-using Weights = std::vector<std::vector<float>>;
-
-Weights weights(nn::Module& model) {
-  Weights out;
-  for (const Tensor& p : model.parameters()) out.push_back(p.to_vector<float>());
-  return out;
-}
+using namespace step_testing;
 
 std::unique_ptr<optim::Optimizer> sgd(std::vector<Tensor> params) {
   return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
@@ -98,14 +76,6 @@ Weights train_dp(const std::string& model_name, int devices, int64_t batch, int6
     dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
   }
   return weights(dp.replica(0));
-}
-
-bool same_bits(const Weights& a, const Weights& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
-  }
-  return true;
 }
 
 TEST(DistributedDataParallel, SameBitsAsDataParallelAndOneDevice) {

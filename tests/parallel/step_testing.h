@@ -1,0 +1,46 @@
+// What the data-parallel tests share: a synthetic batch that depends only on (batch, step),
+// and a model's weights as bits to compare.
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "lockstep/core/philox.h"
+#include "lockstep/core/tensor.h"
+#include "lockstep/nn/module.h"
+
+namespace lockstep::parallel::step_testing {
+
+constexpr uint64_t kSeed = 7;
+
+struct Data {
+  Tensor images, labels;
+};
+
+// Images [batch, 1, 28, 28] in [0, 1) and labels in [0, 10), from Philox(kSeed, 1000 + step).
+inline Data synthetic(int64_t batch, uint64_t step) {
+  Philox rng(kSeed, 1000 + step);
+  std::vector<float> pixels(static_cast<size_t>(batch) * 784);
+  for (float& p : pixels) p = uint_to_unit_float(rng.next_u32());
+  std::vector<int64_t> labels(static_cast<size_t>(batch));
+  for (int64_t& l : labels) l = static_cast<int64_t>(rng.next_u32() % 10);
+  return {Tensor::from_vector(pixels, {batch, 1, 28, 28}), Tensor::from_vector(labels, {batch})};
+}
+
+using Weights = std::vector<std::vector<float>>;
+
+inline Weights weights(nn::Module& model) {
+  Weights out;
+  for (const Tensor& p : model.parameters()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+inline bool same_bits(const Weights& a, const Weights& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace lockstep::parallel::step_testing
