@@ -192,6 +192,19 @@ void check_all_gather(Communicator& comm) {
           std::string("all_gather ") + dtype_name(dtype) + " x" + std::to_string(count));
     }
   }
+  // In place: the input is this rank's own slice of the output (ZeRO gathers weights so),
+  // also in a buffer from empty_shared, where the peers read it directly.
+  for (const bool shared : {false, true}) {
+    const int64_t count = 1000;
+    const Tensor output = shared ? comm.empty_shared({n * count}, DType::f32) : Tensor::empty({n * count});
+    output.fill(-1);
+    const Tensor mine = output.as_strided({count}, {1}, output.offset() + r * count);
+    mine.copy_from(filled(DType::f32, count, [&](int64_t i) { return r * 10 + i % 9; }));
+    comm.all_gather(mine, output);
+    expect_values(
+        output, [&](int64_t k) { return static_cast<double>(k / count * 10 + (k % count) % 9); },
+        shared ? "all_gather in place, shared buffer" : "all_gather in place");
+  }
 }
 
 void check_broadcast(Communicator& comm) {

@@ -49,7 +49,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
   // input holds size() equal slices; rank r's output gets the reduction of slice r.
   void reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::sum);
-  // output holds size() slices; slice r is rank r's input.
+  // output holds size() slices; slice r is rank r's input. The input may be this rank's own
+  // slice of the output (in place, as NCCL and MPI_IN_PLACE allow).
   void all_gather(const Tensor& input, const Tensor& output);
   // Every rank's tensor ends as root's.
   void broadcast(const Tensor& tensor, int root);
