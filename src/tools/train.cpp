@@ -272,6 +272,8 @@ int train_main(const std::vector<std::string>& args) {
     }
   }
   const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Training's peak, before checkpointing and evaluation allocate their own.
+  const int64_t train_peak_bytes = memory_stats(device).peak_allocated_bytes;
   progress.finish();
   position.data = loader.position();
   const std::vector<parallel::DeviceTimes> totals = strategy->gather(report.totals());
@@ -304,7 +306,7 @@ int train_main(const std::vector<std::string>& args) {
       {"samples_per_second", rate},
       {"test_accuracy", test.accuracy},
       {"test_loss", test.loss},
-      {"peak_memory_bytes", memory_stats(device).peak_allocated_bytes},
+      {"peak_memory_bytes", train_peak_bytes},
       {"optimizer_state_bytes", strategy->optimizer_state_bytes()},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"weights_sha256", weights_sha256(model)},

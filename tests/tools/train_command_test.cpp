@@ -211,13 +211,17 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
   EXPECT_EQ(exits[1].output, "");  // only rank 0 reports
   EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
 
-  // ZeRO-1: the same bits, half the optimizer state on each of the two ranks.
+  // ZeRO-1: the same bits, half the optimizer state on each of the two ranks, and the
+  // allocator's peak lower by about that half.
   const auto sharded = comm::testing::launch_program(
       2, kBinary, split_words(flags + " --strategy zero1 --out " + (root_ / "zero1").string()), {});
   for (const auto& e : sharded) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(sharded);
   EXPECT_EQ(summary(root_ / "zero1")["weights_sha256"], reference);
   const double whole = summary(root_ / "ddp")["optimizer_state_bytes"];
   EXPECT_NEAR(summary(root_ / "zero1")["optimizer_state_bytes"].get<double>(), whole / 2, 64) << whole;
+  const double ddp_peak = summary(root_ / "ddp")["peak_memory_bytes"];
+  const double zero1_peak = summary(root_ / "zero1")["peak_memory_bytes"];
+  EXPECT_LT(zero1_peak, ddp_peak - 0.4 * whole) << "ddp peak " << ddp_peak << ", optimizer state " << whole;
 
   if (!on_path("mpirun")) GTEST_SKIP() << "mpirun is not on PATH (install openmpi-bin)";
   for (const std::string backend : {"auto", "mpi"}) {

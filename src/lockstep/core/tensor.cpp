@@ -70,6 +70,17 @@ double Tensor::item() const {
   return to_vector<double>()[0];
 }
 
+void Tensor::set_data(const Tensor& view) const {
+  LOCKSTEP_CHECK(view.shape() == shape() && view.dtype() == dtype() && view.device() == device())
+      << "set_data: a " << shape_str(view.shape()) << " " << dtype_name(view.dtype()) << " tensor on "
+      << view.device().str() << " cannot hold the elements of a " << shape_str(shape()) << " " << dtype_name(dtype())
+      << " tensor on " << device().str();
+  TensorImpl* self = impl();
+  self->storage = view.storage();
+  self->offset = view.offset();
+  self->strides = view.strides();
+}
+
 Tensor Tensor::as_strided(const Shape& new_shape, const Strides& new_strides, int64_t new_offset) const {
   LOCKSTEP_CHECK(new_shape.size() == new_strides.size())
       << "as_strided: shape " << shape_str(new_shape) << " and strides " << shape_str(new_strides) << " differ in rank";

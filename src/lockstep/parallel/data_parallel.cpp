@@ -116,11 +116,11 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   }
   // ZeRO-1: each device reduces and steps its shard, then gathers everyone's weights.
   ShardedOptimizer& sharded = *sharded_[device];
-  const Tensor shard = Tensor::empty({sharded.shard_size()}, sums[0].dtype(), sums[0].device());
+  Tensor shard = Tensor::empty({sharded.shard_size()}, sums[0].dtype(), sums[0].device());
   comm.reduce_scatter(sums[0], shard);
   times.communicate = seconds_since(start);
   start = Clock::now();
-  sharded.update(shard);
+  sharded.update(std::move(shard));  // freed before the weights are gathered
   times.optimizer = seconds_since(start);
   start = Clock::now();
   sharded.gather_weights();

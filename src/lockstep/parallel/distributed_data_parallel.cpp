@@ -212,12 +212,12 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
     times.optimizer = seconds_since(start);
     return;
   }
-  const Tensor shard = Tensor::empty({sharded_->shard_size()}, last_leaf_.dtype(), last_leaf_.device());
+  Tensor shard = Tensor::empty({sharded_->shard_size()}, last_leaf_.dtype(), last_leaf_.device());
   comm_->reduce_scatter(last_leaf_, shard);
   last_leaf_ = Tensor();
   times.communicate = seconds_since(start);
   start = Clock::now();
-  sharded_->update(shard);
+  sharded_->update(std::move(shard));  // freed before the weights are gathered
   times.optimizer = seconds_since(start);
   start = Clock::now();
   sharded_->gather_weights();

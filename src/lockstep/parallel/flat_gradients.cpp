@@ -42,10 +42,6 @@ Tensor FlatGradients::gather_values() const {
   return flat;
 }
 
-void FlatGradients::scatter_values(const Tensor& flat) const {
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_from(view(flat, i));
-}
-
 void FlatGradients::take(size_t i, const Tensor& flat) const {
   const Tensor& p = params_[i];
   const Tensor place = view(flat, i);

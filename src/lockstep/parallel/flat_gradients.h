@@ -33,9 +33,8 @@ class FlatGradients {
   void give(const Tensor& flat) const;
   // Parameter i's view of a buffer.
   Tensor view(const Tensor& flat, size_t i) const;
-  // A new buffer holding the parameters' values; copies a buffer's values into them.
+  // A new buffer holding the parameters' values.
   Tensor gather_values() const;
-  void scatter_values(const Tensor& flat) const;
 
  private:
   std::vector<Tensor> params_;

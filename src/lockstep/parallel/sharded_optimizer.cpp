@@ -31,13 +31,17 @@ ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicat
   LOCKSTEP_CHECK(layout.padded_numel() % comm.size() == 0)
       << "the flat buffer (" << layout.padded_numel() << " elements) does not cut into " << comm.size()
       << " equal shards: build its FlatGradients with shards = " << comm.size();
+  // The parameters move into one flat buffer, so this rank's shard is a view of it: the
+  // optimizer updates the weights in place, and no second copy of them is kept.
+  weights_ = layout.gather_values();
+  for (size_t i = 0; i < layout.params().size(); ++i) layout.params()[i].set_data(layout.view(weights_, i));
   const int64_t size = layout.padded_numel() / comm.size();
-  shard_ = range_of(layout.gather_values(), size * comm.rank(), size).clone();
+  shard_ = range_of(weights_, size * comm.rank(), size);
   shard_.set_requires_grad(true);
   optimizer_ = make_optimizer({shard_});
 }
 
-void ShardedOptimizer::update(const Tensor& grad_shard) {
+void ShardedOptimizer::update(Tensor grad_shard) {
   LOCKSTEP_CHECK(grad_shard.numel() == shard_.numel())
       << "a gradient shard of " << grad_shard.numel() << " elements for a weight shard of " << shard_.numel();
   shard_.set_grad(grad_shard.reshape({shard_.numel()}));
@@ -46,9 +50,7 @@ void ShardedOptimizer::update(const Tensor& grad_shard) {
 }
 
 void ShardedOptimizer::gather_weights() {
-  const Tensor weights = layout_.empty_buffer();
-  comm_.all_gather(shard_, weights);
-  layout_.scatter_values(weights);
+  comm_.all_gather(shard_, weights_);  // in place: the shard is its own slice of weights_
 }
 
 int64_t ShardedOptimizer::state_bytes() const {
@@ -122,7 +124,6 @@ void ShardedOptimizer::load_full_state_dict(const NamedTensors& state) {
     shard_state.emplace_back("state.0." + slot, range_of(full, shard_begin(), shard_size()).clone());
   for (const auto& [slot, value] : scalars) shard_state.emplace_back("state.0." + slot, value);
   optimizer_->load_state_dict(shard_state);
-  shard_.copy_from(range_of(layout_.gather_values(), shard_begin(), shard_size()));
 }
 
 }  // namespace lockstep::parallel

@@ -1,8 +1,8 @@
-// ZeRO stage 1: the optimizer state is cut into equal shards, one per rank. Each rank
-// holds the weights of its range of the flat parameter buffer (FlatGradients' order) and
-// an optimizer over that one flat tensor; a step updates the shard from the reduced
-// gradients of the same range and all-gathers every rank's shard back into the full
-// weights. The optimizers are elementwise, so each element gets the very update the
+// ZeRO stage 1: the optimizer state is cut into equal shards, one per rank. The model's
+// parameters become views of one flat buffer (FlatGradients' order, padded to equal
+// shards); each rank's optimizer runs over its range of that buffer as one tensor. A step
+// updates the shard in place from the reduced gradients of the same range and all-gathers
+// every rank's shard back into the buffer. The optimizers are elementwise, so each element gets the very update the
 // unsharded optimizer gives it: the same bits with 1/N of the state per rank.
 #pragma once
 
@@ -22,13 +22,14 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::ve
 class ShardedOptimizer {
  public:
   // layout: the parameters, padded to a multiple of comm.size() elements. Every rank's
-  // parameters must hold the same values (they are read as the shards' starting weights).
+  // parameters must hold the same values. They are moved into the flat buffer
+  // (Tensor::set_data): handles to them stay valid.
   ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm, const OptimizerFactory& make_optimizer);
 
   int64_t shard_size() const { return shard_.numel(); }
   int64_t shard_begin() const { return shard_size() * comm_.rank(); }
   // Steps this rank's shard with grad_shard (its range of the reduced gradients) ...
-  void update(const Tensor& grad_shard);
+  void update(Tensor grad_shard);
   // ... then every rank's shard goes into the parameters (collective).
   void gather_weights();
   void set_lr(double lr) { optimizer_->set_lr(lr); }
@@ -40,14 +41,14 @@ class ShardedOptimizer {
   // "state.<param>.<slot>"), gathered from every rank: collective. Checkpoints hold this,
   // so they load on any number of ranks, sharded or not.
   NamedTensors full_state_dict();
-  // Takes this rank's shard of such a state (not collective); also re-reads the weights
-  // from the parameters.
+  // Takes this rank's shard of such a state (not collective).
   void load_full_state_dict(const NamedTensors& state);
 
  private:
   const FlatGradients& layout_;
   comm::Communicator& comm_;
-  Tensor shard_;  // this rank's weights, the one parameter of optimizer_
+  Tensor weights_;  // every parameter's elements, padded
+  Tensor shard_;    // this rank's range of weights_, the one parameter of optimizer_
   std::unique_ptr<optim::Optimizer> optimizer_;
 };
 
