@@ -29,6 +29,22 @@ TEST(Tensor, AsStridedViewsShareBytes) {
   EXPECT_THROW(t.as_strided({3}, {3}, 1), Error);  // reaches element 7 of 6
 }
 
+// set_data moves a tensor's elements into another buffer and keeps the tensor: every
+// handle sees the new bytes, and what autograd keeps on it (here its grad) stays.
+TEST(Tensor, SetDataMovesTheElementsAndKeepsTheTensor) {
+  const Tensor param = Tensor::from_vector<float>({1, 2, 3}, {3});
+  const Tensor handle = param;
+  param.set_grad(Tensor::full({3}, 7.0));
+  const Tensor flat = Tensor::from_vector<float>({9, 1, 2, 3}, {4});
+  param.set_data(flat.as_strided({3}, {1}, 1));
+  EXPECT_EQ(handle.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  flat.data<float>()[2] = 20;
+  EXPECT_EQ(handle.to_vector<float>(), (std::vector<float>{1, 20, 3}));
+  EXPECT_EQ(param.grad().to_vector<float>(), (std::vector<float>{7, 7, 7}));
+  EXPECT_THROW(param.set_data(flat), Error);                            // 4 elements for 3
+  EXPECT_THROW(param.set_data(Tensor::zeros({3}, DType::f64)), Error);  // another dtype
+}
+
 TEST(Tensor, CopyConvertsAcrossStridesAndDtypes) {
   const Tensor t = Tensor::from_vector<double>({0, 1, 2, 3, 4, 5}, {2, 3});
   const Tensor transposed = t.as_strided({3, 2}, {1, 3}, 0);
