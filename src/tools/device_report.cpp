@@ -51,39 +51,39 @@ nlohmann::json DeviceReport::step_json(const std::vector<parallel::DeviceTimes>&
   return out;
 }
 
-nlohmann::json DeviceReport::json(const std::vector<std::string>& names,
-                                  const std::vector<parallel::DeviceTimes>& totals) {
+nlohmann::json DeviceReport::json(const std::vector<std::string>& names, const std::vector<DeviceTotals>& totals) {
   nlohmann::json out = nlohmann::json::array();
   for (size_t d = 0; d < totals.size(); ++d) {
-    const parallel::DeviceTimes& t = totals[d];
+    const parallel::DeviceTimes& t = totals[d].times;
     out.push_back({{"device", names.at(d)},
                    {"compute_s", t.compute},
                    {"wait_s", t.wait},
                    {"communicate_s", t.communicate},
                    {"optimizer_s", t.optimizer},
                    {"communicate_share", share(t.communicate, busy(t))},
-                   {"wait_share", share(t.wait, busy(t))}});
+                   {"wait_share", share(t.wait, busy(t))},
+                   {"peak_memory_bytes", totals[d].peak_bytes}});
   }
   return out;
 }
 
-std::string DeviceReport::table(const std::vector<std::string>& names, const std::vector<parallel::DeviceTimes>& totals,
+std::string DeviceReport::table(const std::vector<std::string>& names, const std::vector<DeviceTotals>& totals,
                                 int64_t steps) {
   if (totals.empty() || steps == 0) return "";
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof(line), "%-8s %12s %12s %12s %12s %8s %8s\n", "device", "compute s", "wait s",
-                "all-reduce s", "optimizer s", "wait", "comm");
+  std::snprintf(line, sizeof(line), "%-8s %12s %12s %12s %12s %8s %8s %10s\n", "device", "compute s", "wait s",
+                "all-reduce s", "optimizer s", "wait", "comm", "peak MiB");
   out += line;
   size_t slowest = 0;
   double communicate = 0, total = 0, compute_sum = 0;
   for (size_t d = 0; d < totals.size(); ++d) {
-    const parallel::DeviceTimes& t = totals[d];
-    std::snprintf(line, sizeof(line), "%-8s %12.3f %12.3f %12.3f %12.3f %7.1f%% %7.1f%%\n", names.at(d).c_str(),
+    const parallel::DeviceTimes& t = totals[d].times;
+    std::snprintf(line, sizeof(line), "%-8s %12.3f %12.3f %12.3f %12.3f %7.1f%% %7.1f%% %10.1f\n", names.at(d).c_str(),
                   t.compute, t.wait, t.communicate, t.optimizer, 100 * share(t.wait, busy(t)),
-                  100 * share(t.communicate, busy(t)));
+                  100 * share(t.communicate, busy(t)), static_cast<double>(totals[d].peak_bytes) / (1 << 20));
     out += line;
-    if (t.compute > totals[slowest].compute) slowest = d;
+    if (t.compute > totals[slowest].times.compute) slowest = d;
     communicate += t.communicate;
     total += busy(t);
     compute_sum += t.compute;
@@ -92,7 +92,7 @@ std::string DeviceReport::table(const std::vector<std::string>& names, const std
   std::snprintf(line, sizeof(line),
                 "slowest device %s (compute %+.1f%% against the mean); communication %.1f%% of device time over %lld "
                 "steps\n",
-                names.at(slowest).c_str(), 100 * share(totals[slowest].compute - mean_compute, mean_compute),
+                names.at(slowest).c_str(), 100 * share(totals[slowest].times.compute - mean_compute, mean_compute),
                 100 * share(communicate, total), static_cast<long long>(steps));
   out += line;
   return out;

@@ -1,5 +1,5 @@
-// Where each device's time went over a run of data-parallel steps: totals per device, the
-// end-of-run table that names the slowest device and the share of time spent
+// Where each device's time and memory went over a run of data-parallel steps: totals per
+// device, the end-of-run table that names the slowest device and the share of time spent
 // communicating, the same as JSON, and the spans of a Chrome trace.
 #pragma once
 
@@ -9,9 +9,15 @@
 #include <vector>
 
 #include "lockstep/obs/chrome_trace.h"
-#include "lockstep/parallel/data_parallel.h"
+#include "lockstep/parallel/step.h"
 
 namespace lockstep::tools {
+
+// One device over a whole run.
+struct DeviceTotals {
+  parallel::DeviceTimes times;  // summed over the steps (`started` unused)
+  int64_t peak_bytes = 0;       // the allocator's peak on that device
+};
 
 class DeviceReport {
  public:
@@ -27,10 +33,10 @@ class DeviceReport {
   // The one step's times, for a metrics.jsonl line.
   static nlohmann::json step_json(const std::vector<parallel::DeviceTimes>& step);
   // Totals of every device of the job (this process's, or gathered from every rank):
-  // per device in seconds and as shares of its time, and a table for people that ends
-  // with the slowest device and the communication share.
-  static nlohmann::json json(const std::vector<std::string>& names, const std::vector<parallel::DeviceTimes>& totals);
-  static std::string table(const std::vector<std::string>& names, const std::vector<parallel::DeviceTimes>& totals,
+  // per device in seconds, as shares of its time, and its peak memory, and a table for
+  // people that ends with the slowest device and the communication share.
+  static nlohmann::json json(const std::vector<std::string>& names, const std::vector<DeviceTotals>& totals);
+  static std::string table(const std::vector<std::string>& names, const std::vector<DeviceTotals>& totals,
                            int64_t steps);
 
  private:

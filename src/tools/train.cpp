@@ -101,11 +101,16 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-nlohmann::json memory_json(Device device) {
-  const MemoryStats stats = memory_stats(device);
-  return {{"allocated_bytes", stats.allocated_bytes},
-          {"peak_allocated_bytes", stats.peak_allocated_bytes},
-          {"reserved_bytes", stats.reserved_bytes}};
+// Per device of this process, keyed by its name: the allocator's figures now.
+nlohmann::json memory_json(const std::vector<std::string>& names, const std::vector<Device>& allocators) {
+  nlohmann::json out = nlohmann::json::object();
+  for (size_t d = 0; d < allocators.size(); ++d) {
+    const MemoryStats stats = memory_stats(allocators[d]);
+    out[names.at(d)] = {{"allocated_bytes", stats.allocated_bytes},
+                        {"peak_allocated_bytes", stats.peak_allocated_bytes},
+                        {"reserved_bytes", stats.reserved_bytes}};
+  }
+  return out;
 }
 
 void check_options(const TrainOptions& options) {
@@ -201,7 +206,6 @@ int train_main(const std::vector<std::string>& args) {
                   : options.strategy == "dp"                       ? static_cast<int>(options.threads)
                                                                    : strategy->threads_per_device());
   nn::Module& model = strategy->model();
-  const Device device = Device::cpu(0);
 
   // The last batch of an epoch is dropped when it is short: a partial batch would make a
   // step whose tree depends on how it is cut.
@@ -245,7 +249,9 @@ int train_main(const std::vector<std::string>& args) {
                  static_cast<long long>(position.step), static_cast<long long>(total_steps));
   }
   ProgressBar progress(total_steps, quiet);
-  reset_peak_memory_stats(device);
+  const std::vector<Device> allocators = strategy->local_allocators();
+  const std::vector<std::string> local_names = strategy->local_devices();
+  for (const Device& d : allocators) reset_peak_memory_stats(d);
   const auto start = Clock::now();
   int64_t samples = 0;
   double last_loss = NAN;
@@ -268,15 +274,17 @@ int train_main(const std::vector<std::string>& args) {
                       {"lr", strategy->lr()},
                       {"samples_per_second", rate},
                       {"devices", DeviceReport::step_json(step.devices)},
-                      {"memory", {{device.str(), memory_json(device)}}}});
+                      {"memory", memory_json(local_names, allocators)}});
     }
   }
   const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  // Training's peak, before checkpointing and evaluation allocate their own.
-  const int64_t train_peak_bytes = memory_stats(device).peak_allocated_bytes;
+  // Training's peaks, before checkpointing and evaluation allocate their own.
+  std::vector<DeviceTotals> local_totals;
+  for (size_t d = 0; d < allocators.size(); ++d)
+    local_totals.push_back({report.totals().at(d), memory_stats(allocators[d]).peak_allocated_bytes});
   progress.finish();
   position.data = loader.position();
-  const std::vector<parallel::DeviceTimes> totals = strategy->gather(report.totals());
+  const std::vector<DeviceTotals> totals = strategy->gather(local_totals);
   const NamedTensors optimizer_state = strategy->optimizer_state();  // collective under zero1
   if (leader) {
     save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, model, optimizer_state, position);
@@ -306,7 +314,7 @@ int train_main(const std::vector<std::string>& args) {
       {"samples_per_second", rate},
       {"test_accuracy", test.accuracy},
       {"test_loss", test.loss},
-      {"peak_memory_bytes", train_peak_bytes},
+      {"peak_memory_bytes", totals.front().peak_bytes},
       {"optimizer_state_bytes", strategy->optimizer_state_bytes()},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"weights_sha256", weights_sha256(model)},

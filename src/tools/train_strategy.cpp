@@ -51,9 +51,14 @@ class DataParallelStrategy final : public TrainStrategy {
   }
   std::vector<std::string> local_devices() const override { return cpu_names(0, dp_.devices()); }
   std::vector<std::string> all_devices() const override { return local_devices(); }
+  std::vector<Device> local_allocators() const override {
+    std::vector<Device> devices;
+    for (int d = 0; d < dp_.devices(); ++d) devices.push_back(Device::cpu(d));
+    return devices;
+  }
   int threads_per_device() const override { return dp_.threads_per_device(); }
   bool leader() const override { return true; }
-  std::vector<parallel::DeviceTimes> gather(const std::vector<parallel::DeviceTimes>& local) override { return local; }
+  std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override { return local; }
 
  private:
   parallel::DataParallel dp_;
@@ -84,19 +89,25 @@ class DistributedStrategy final : public TrainStrategy {
   }
   std::vector<std::string> local_devices() const override { return cpu_names(ddp_->communicator().rank(), 1); }
   std::vector<std::string> all_devices() const override { return cpu_names(0, ddp_->communicator().size()); }
+  std::vector<Device> local_allocators() const override { return {Device::cpu(0)}; }
   int threads_per_device() const override { return threads_; }
   bool leader() const override { return ddp_->communicator().rank() == 0; }
-  std::vector<parallel::DeviceTimes> gather(const std::vector<parallel::DeviceTimes>& local) override {
+  std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override {
     comm::Communicator& comm = ddp_->communicator();
-    const parallel::DeviceTimes& mine = local.at(0);
-    const Tensor row =
-        Tensor::from_vector(std::vector<double>{mine.compute, mine.wait, mine.communicate, mine.optimizer}, {4});
-    const Tensor all = Tensor::empty({4 * static_cast<int64_t>(comm.size())}, DType::f64);
+    const DeviceTotals& mine = local.at(0);
+    const parallel::DeviceTimes& t = mine.times;
+    constexpr int64_t kFields = 5;
+    const Tensor row = Tensor::from_vector(
+        std::vector<double>{t.compute, t.wait, t.communicate, t.optimizer, static_cast<double>(mine.peak_bytes)},
+        {kFields});
+    const Tensor all = Tensor::empty({kFields * static_cast<int64_t>(comm.size())}, DType::f64);
     comm.all_gather(row, all);
     const double* v = all.data<double>();
-    std::vector<parallel::DeviceTimes> out(static_cast<size_t>(comm.size()));
+    std::vector<DeviceTotals> out(static_cast<size_t>(comm.size()));
     for (size_t r = 0; r < out.size(); ++r) {
-      out[r] = {.compute = v[4 * r], .wait = v[4 * r + 1], .communicate = v[4 * r + 2], .optimizer = v[4 * r + 3]};
+      const double* f = v + kFields * r;
+      out[r] = {.times = {.compute = f[0], .wait = f[1], .communicate = f[2], .optimizer = f[3]},
+                .peak_bytes = static_cast<int64_t>(f[4])};
     }
     return out;
   }

@@ -15,6 +15,7 @@
 #include "lockstep/nn/module.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/step.h"
+#include "tools/device_report.h"
 #include "tools/train_checkpoint.h"
 #include "tools/train_options.h"
 
@@ -41,11 +42,14 @@ class TrainStrategy {
   // The devices this process drives, and those of the whole job.
   virtual std::vector<std::string> local_devices() const = 0;
   virtual std::vector<std::string> all_devices() const = 0;
+  // Where each local device allocates (for memory_stats): dp's device d is cpu:d; a ddp
+  // rank's one device is its process's cpu:0.
+  virtual std::vector<Device> local_allocators() const = 0;
   virtual int threads_per_device() const = 0;
   // Whether this process writes the run's files and prints its results (ddp: rank 0).
   virtual bool leader() const = 0;
   // Every device's totals, given this process's (collective under ddp).
-  virtual std::vector<parallel::DeviceTimes> gather(const std::vector<parallel::DeviceTimes>& local) = 0;
+  virtual std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) = 0;
   // Waits for every process (ddp), e.g. so none leaves before the checkpoint is written.
   virtual void barrier() {}
 };

@@ -289,6 +289,14 @@ TEST_F(TrainCommand, WritesTheDeviceTableAndATrace) {
   ASSERT_EQ(s["devices"].size(), 2u);
   EXPECT_EQ(s["devices"][1]["device"], "cpu:1");
   EXPECT_GT(s["devices"][1]["compute_s"].get<double>(), 0);
+  // Each replica lives on its own device: device 1's memory is its own, not device 0's.
+  EXPECT_GT(s["devices"][1]["peak_memory_bytes"].get<int64_t>(), 0);
+  EXPECT_LT(s["devices"][1]["peak_memory_bytes"].get<int64_t>(), s["devices"][0]["peak_memory_bytes"].get<int64_t>());
+  EXPECT_NE(r.output.find("peak MiB"), std::string::npos) << r.output;
+  std::ifstream metrics(root_ / "a" / "metrics.jsonl");
+  std::string last;
+  for (std::string line; std::getline(metrics, line);) last = line;
+  EXPECT_TRUE(nlohmann::json::parse(last)["memory"].contains("cpu:1")) << last;
   std::ifstream in(trace);
   const nlohmann::json events = nlohmann::json::parse(in);
   int spans = 0;

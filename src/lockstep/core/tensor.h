@@ -83,9 +83,10 @@ class Tensor {
   // A view of the same storage with the given shape, strides and offset; checked to stay
   // inside the storage.
   Tensor as_strided(const Shape& shape, const Strides& strides, int64_t offset) const;
-  // Makes this tensor's elements those of `view` (same shape, dtype and device), keeping the
-  // tensor itself: its .grad, hooks and every handle to it stay (PyTorch's `p.data = view`).
-  // ZeRO gathers a model's parameters into one flat buffer this way.
+  // Makes this tensor's elements those of `view` (same shape and dtype, any device), keeping
+  // the tensor itself: its .grad, hooks and every handle to it stay (PyTorch's
+  // `p.data = view`). Data parallelism moves a replica onto its device, and ZeRO gathers a
+  // model's parameters into one flat buffer, this way.
   void set_data(const Tensor& view) const;
   // Writes src (same shape, any layout or dtype) into this tensor's elements.
   void copy_from(const Tensor& src) const;

@@ -26,6 +26,10 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
   gradients_.reserve(static_cast<size_t>(options.devices));  // the sharded optimizers keep references
   for (int d = 0; d < options.devices; ++d) {
     replicas_.push_back(make_replica(d));
+    // Each replica lives on its own device, so memory_stats(cpu:d) is device d's memory.
+    const Device device = Device::cpu(d);
+    for (const Tensor& p : replicas_.back()->parameters()) p.set_data(p.to(device));
+    for (const auto& [name, buffer] : replicas_.back()->named_buffers()) buffer.set_data(buffer.to(device));
     gradients_.emplace_back(replicas_.back()->parameters(), options.zero1 ? options.devices : 1);
     if (options.zero1) {
       sharded_.push_back(std::make_unique<ShardedOptimizer>(gradients_.back(), *comms_[d], make_optimizer));
@@ -80,11 +84,12 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   const int64_t batch = images.size(0);
   const int64_t micro = options_.micro_batch;
   const int64_t per_device = batch / devices();
-  const Tensor seed_gradient = Tensor::scalar(1.0 / static_cast<double>(batch));
+  const Device here = Device::cpu(device);
+  const Tensor seed_gradient = Tensor::scalar(1.0 / static_cast<double>(batch)).to(here);
   GradientTree tree;
   for (int64_t first = device * per_device; first < (device + 1) * per_device; first += micro) {
-    const Tensor x = slice(images, 0, first, first + micro);
-    const Tensor y = slice(labels, 0, first, first + micro);
+    const Tensor x = slice(images, 0, first, first + micro).to(here);
+    const Tensor y = slice(labels, 0, first, first + micro).to(here);
     model.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
     // The loss of the step is the sum over the global batch / B: each micro-batch adds its
     // sum with the same 1/B, whichever device runs it.
