@@ -11,6 +11,8 @@
 
 #include <cblas.h>
 
+#include <bit>
+
 #include "lockstep/core/parallel.h"
 
 namespace lockstep::cpu {
@@ -32,15 +34,20 @@ void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
 
 // Below this many multiply-adds a product is one call.
 constexpr int64_t kParallelMacs = int64_t{1} << 18;
-// Blocks of rows (or columns) of C: multiples of the kernels' register-block size, at
-// least kMinBlock wide so each call amortizes its packing, and at most kMaxBlocks of them.
+// Blocks of rows (or columns) of C: a power-of-two count of them (so teams of 2, 4, ...
+// get equal shares), each at least kMinBlock wide so a call amortizes packing its operands
+// (every call packs the other operand again), at most kMaxBlocks, widths a multiple of the
+// kernels' register block.
 constexpr int64_t kAlign = 16;
-constexpr int64_t kMinBlock = 64;
+constexpr int64_t kMinBlock = 128;
 constexpr int64_t kMaxBlocks = 16;
 
 int64_t block_size(int64_t extent) {
-  const int64_t even = (extent + kMaxBlocks - 1) / kMaxBlocks;
-  return std::max(kMinBlock, (even + kAlign - 1) / kAlign * kAlign);
+  const int64_t blocks =
+      std::min(kMaxBlocks,
+               static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(1, extent / kMinBlock)))));
+  const int64_t even = (extent + blocks - 1) / blocks;
+  return (even + kAlign - 1) / kAlign * kAlign;
 }
 
 }  // namespace
