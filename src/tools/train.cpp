@@ -201,10 +201,7 @@ int train_main(const std::vector<std::string>& args) {
   const int devices = static_cast<int>(options.devices);
   const bool leader = strategy->leader();
   const bool quiet = options.quiet || !leader;
-  // Evaluation runs on this thread with every thread the process has.
-  set_num_threads(options.strategy == "dp" && options.threads <= 0 ? host_cores()
-                  : options.strategy == "dp"                       ? static_cast<int>(options.threads)
-                                                                   : strategy->threads_per_device());
+  set_num_threads(strategy->process_threads());  // evaluation runs on this thread
   nn::Module& model = strategy->model();
 
   // The last batch of an epoch is dropped when it is short: a partial batch would make a

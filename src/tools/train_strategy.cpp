@@ -27,7 +27,8 @@ class DataParallelStrategy final : public TrainStrategy {
  public:
   DataParallelStrategy(const TrainOptions& options, int threads, const ReplicaFactory& make_replica,
                        const OptimizerFactory& make_optimizer)
-      : dp_(
+      : threads_(threads),
+        dp_(
             {.devices = static_cast<int>(options.devices),
              .micro_batch = options.micro_batch,
              .threads_per_device = std::max(1, threads / static_cast<int>(options.devices)),
@@ -57,10 +58,12 @@ class DataParallelStrategy final : public TrainStrategy {
     return devices;
   }
   int threads_per_device() const override { return dp_.threads_per_device(); }
+  int process_threads() const override { return threads_; }
   bool leader() const override { return true; }
   std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override { return local; }
 
  private:
+  int threads_;
   parallel::DataParallel dp_;
 };
 
@@ -91,6 +94,7 @@ class DistributedStrategy final : public TrainStrategy {
   std::vector<std::string> all_devices() const override { return cpu_names(0, ddp_->communicator().size()); }
   std::vector<Device> local_allocators() const override { return {Device::cpu(0)}; }
   int threads_per_device() const override { return threads_; }
+  int process_threads() const override { return threads_; }
   bool leader() const override { return ddp_->communicator().rank() == 0; }
   std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override {
     comm::Communicator& comm = ddp_->communicator();

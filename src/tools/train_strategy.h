@@ -46,6 +46,8 @@ class TrainStrategy {
   // rank's one device is its process's cpu:0.
   virtual std::vector<Device> local_allocators() const = 0;
   virtual int threads_per_device() const = 0;
+  // Every thread this process computes with (dp: all its devices').
+  virtual int process_threads() const = 0;
   // Whether this process writes the run's files and prints its results (ddp: rank 0).
   virtual bool leader() const = 0;
   // Every device's totals, given this process's (collective under ddp).
