@@ -15,6 +15,7 @@ void print_usage(FILE* out) {
                "\n"
                "commands:\n"
                "  train     train a model (Fashion-MNIST CNN by default); see 'lockstep train --help'\n"
+               "  run       one process per device for any program (torchrun's contract); see 'lockstep run --help'\n"
                "  bench     benchmarks beside their references; 'lockstep bench collectives --help'\n"
                "  version   print the version\n");
 }
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return lockstep::tools::train_main(args);
     if (command == "bench") return lockstep::tools::bench_main(args);
+    if (command == "run") return lockstep::tools::run_main(args);
     if (command == "version" || command == "--version") {
       std::printf("lockstep %s\n", LOCKSTEP_VERSION);
       return 0;

@@ -1,0 +1,215 @@
+// `lockstep run`: one process per device for any program, torchrun's contract.
+//
+//   lockstep run -n 2 [--log-dir DIR] [--max-restarts K] [--grace SECONDS] -- CMD ARGS...
+//
+// Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR
+// and MASTER_PORT (a free port, fresh for every start), and OMP_NUM_THREADS = cores / N
+// unless it is set. Output lines are prefixed by rank; each rank's whole output is in
+// DIR/rank<r>.log. If a worker fails, the others are stopped (SIGTERM to each process
+// group, SIGKILL after the grace period) and the summary names the first failure. SIGINT
+// and SIGTERM to the launcher reach every worker; workers die with the launcher.
+// Under mpirun or srun (their variables present) it starts nothing: it maps their
+// variables to the same contract and runs the command in its place.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <map>
+
+#include "lockstep/comm/launch_env.h"
+#include "lockstep/core/device.h"
+#include "lockstep/core/error.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "tools/worker_group.h"
+
+namespace lockstep::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+volatile bool g_interrupted = false;
+volatile int g_stop_signal = SIGTERM;
+
+void on_stop_signal(int signal) {
+  g_stop_signal = signal;
+  g_interrupted = true;
+}
+
+// A TCP port nobody listens on now (the kernel's pick), so two jobs on one host never
+// meet at the same fixed port.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  LOCKSTEP_CHECK(fd >= 0) << "socket: " << std::strerror(errno);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  close(fd);
+  LOCKSTEP_CHECK(ok) << "cannot find a free port: " << std::strerror(errno);
+  return ntohs(address.sin_port);
+}
+
+std::string default_log_dir() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+  std::string dir = std::string("runs/launch-") + stamp;
+  for (int i = 2; fs::exists(dir); ++i) dir = std::string("runs/launch-") + stamp + "-" + std::to_string(i);
+  return dir;
+}
+
+// Under mpirun or srun: this process is one rank already. The command runs in its place
+// with torchrun's variables.
+[[noreturn]] void exec_as_rank(const comm::LaunchInfo& info, const std::vector<std::string>& command) {
+  setenv("RANK", std::to_string(info.rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(info.world_size).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(info.local_rank).c_str(), 1);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(info.local_world_size).c_str(), 1);
+  setenv("GROUP_RANK", std::to_string(info.rank / std::max(1, info.local_world_size)).c_str(), 1);
+  if (!info.master_addr.empty()) setenv("MASTER_ADDR", info.master_addr.c_str(), 1);
+  if (info.master_port > 0) setenv("MASTER_PORT", std::to_string(info.master_port).c_str(), 1);
+  std::vector<char*> argv;
+  std::vector<std::string> copy = command;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  LOCKSTEP_FAIL() << "cannot start " << command[0] << ": " << std::strerror(errno);
+  std::abort();
+}
+
+}  // namespace
+
+int run_main(const std::vector<std::string>& args) {
+  // Options, then the command: after "--", or from the first word that is not an option.
+  std::vector<std::string> options, command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {
+      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      break;
+    }
+    if (args[i].rfind("-", 0) != 0) {
+      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+    // torchrun's and mpirun's spellings of the worker count.
+    if (args[i] == "-n" || args[i] == "-np" || args[i] == "--nproc-per-node" || args[i] == "--nproc_per_node") {
+      options.push_back("--nproc");
+    } else {
+      options.push_back(args[i]);
+    }
+    // Every option but --help takes a value, after '=' or as the next word.
+    const bool help = args[i] == "--help" || args[i] == "-h";
+    if (!help && args[i].find('=') == std::string::npos && i + 1 < args.size()) options.push_back(args[++i]);
+  }
+  int64_t workers = 0, max_restarts = 0;
+  double grace_seconds = 5;
+  std::string log_dir, master_addr = "127.0.0.1";
+  Flags flags("run",
+              "Starts one process per device, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+              "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS):\n"
+              "  lockstep run -n N [options] -- CMD ARGS...\n"
+              "Output lines carry their rank; a failed worker stops the others.");
+  flags.add("nproc", &workers, "workers to start, one per device (-n, --nproc-per-node)");
+  flags.add("log-dir", &log_dir, "where each rank's whole output goes (default runs/launch-<timestamp>)");
+  flags.add("max-restarts", &max_restarts, "restart the whole group this many times after a failure");
+  flags.add("grace", &grace_seconds, "seconds between SIGTERM and SIGKILL when stopping workers");
+  flags.add("master-addr", &master_addr, "the address rank 0 serves the rendezvous on");
+  if (!flags.parse(options)) return 0;
+  if (command.empty()) throw UsageError("no command to run: lockstep run -n N -- CMD ARGS...");
+  if (grace_seconds < 0) throw UsageError("--grace must be 0 or more seconds");
+  if (max_restarts < 0) throw UsageError("--max-restarts must be 0 or more");
+
+  const comm::LaunchInfo launched = comm::launch_info_from_env();
+  if (launched.launcher == "openmpi" || launched.launcher == "slurm") {
+    if (flags.given("nproc") && workers != launched.world_size) {
+      throw UsageError("-n " + std::to_string(workers) + " under " + launched.launcher + ", which started " +
+                       std::to_string(launched.world_size) + " processes: leave -n out there");
+    }
+    exec_as_rank(launched, command);
+  }
+  if (command[0].find('/') == std::string::npos) {
+    bool found = false;
+    const char* path = std::getenv("PATH");
+    std::string dirs = path != nullptr ? path : "";
+    for (size_t start = 0; !found && start <= dirs.size();) {
+      const size_t end = std::min(dirs.find(':', start), dirs.size());
+      const fs::path candidate = fs::path(dirs.substr(start, end - start)) / command[0];
+      found = access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate);
+      start = end + 1;
+    }
+    if (!found) throw UsageError("cannot find '" + command[0] + "' on PATH");
+  } else if (access(command[0].c_str(), X_OK) != 0 || fs::is_directory(command[0])) {
+    throw UsageError("cannot run '" + command[0] + "': no such executable file");
+  }
+  if (workers < 1) {
+    throw UsageError("-n must be at least 1, got " + std::to_string(workers) +
+                     " (one worker per device: lockstep run -n 2 -- CMD)");
+  }
+
+  if (log_dir.empty()) log_dir = default_log_dir();
+  fs::create_directories(log_dir);
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const std::string threads =
+      omp != nullptr ? omp : std::to_string(std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, workers)));
+
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGHUP, &action, nullptr);
+
+  for (int64_t attempt = 0;; ++attempt) {
+    const std::string port = std::to_string(free_port());
+    std::vector<WorkerSpec> specs;
+    for (int64_t r = 0; r < workers; ++r) {
+      WorkerSpec spec;
+      spec.command = command;
+      spec.env = {{"RANK", std::to_string(r)},
+                  {"LOCAL_RANK", std::to_string(r)},
+                  {"WORLD_SIZE", std::to_string(workers)},
+                  {"LOCAL_WORLD_SIZE", std::to_string(workers)},
+                  {"GROUP_RANK", "0"},
+                  {"MASTER_ADDR", master_addr},
+                  {"MASTER_PORT", port},
+                  {"OMP_NUM_THREADS", threads},
+                  {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)}};
+      spec.log_path = (fs::path(log_dir) / ("rank" + std::to_string(r) + ".log")).string();
+      specs.push_back(std::move(spec));
+    }
+    WorkerGroup group(specs);
+    const WorkerExit failure =
+        group.run(g_interrupted, g_stop_signal, std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1e3)));
+    if (g_interrupted) {
+      std::fprintf(stderr, "lockstep run: stopped by signal %d; every worker was stopped\n", g_stop_signal);
+      return 128 + g_stop_signal;
+    }
+    if (failure.rank < 0) return 0;
+
+    std::fprintf(stderr, "lockstep run: rank %d failed first (%s); the other ranks were stopped\n", failure.rank,
+                 failure.describe().c_str());
+    const std::vector<std::string> tail = group.last_lines(failure.rank);
+    if (!tail.empty()) {
+      std::fprintf(stderr, "  its last lines:\n");
+      for (const std::string& line : tail) std::fprintf(stderr, "    %s\n", line.c_str());
+    }
+    std::fprintf(stderr, "  its whole output: %s\n", specs[static_cast<size_t>(failure.rank)].log_path.c_str());
+    if (attempt >= max_restarts) return failure.signal != 0 ? 128 + failure.signal : failure.exit_code;
+    std::fprintf(stderr, "lockstep run: restarting the group (%lld of %lld)\n", static_cast<long long>(attempt + 1),
+                 static_cast<long long>(max_restarts));
+  }
+}
+
+}  // namespace lockstep::tools

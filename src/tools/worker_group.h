@@ -1,0 +1,71 @@
+// The processes `lockstep run` starts: one per rank, each the leader of its own process
+// group (so stopping a rank stops whatever it started), killed if the launcher dies
+// (PR_SET_PDEATHSIG), its stdout and stderr read through one pipe. The launcher prints
+// every line prefixed by its rank, keeps the whole output in a log file per rank and the
+// last lines in memory for the failure summary.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lockstep::tools {
+
+struct WorkerSpec {
+  std::vector<std::string> command;        // argv; argv[0] is looked up on PATH
+  std::map<std::string, std::string> env;  // set on top of the launcher's environment
+  std::string log_path;                    // this rank's whole output
+};
+
+// How a worker ended.
+struct WorkerExit {
+  int rank = -1;
+  int exit_code = -1;  // when it exited
+  int signal = 0;      // when a signal ended it
+  bool ok() const { return signal == 0 && exit_code == 0; }
+  std::string describe() const;  // "exit code 3", "killed by signal 9 (Killed)"
+};
+
+class WorkerGroup {
+ public:
+  // Starts every worker; throws Error naming the command when one cannot start.
+  explicit WorkerGroup(const std::vector<WorkerSpec>& specs);
+  ~WorkerGroup();  // stops what still runs (SIGKILL)
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Relays output and reaps workers until all have ended, or until one fails or
+  // `interrupted` becomes true (a signal to the launcher); then sends `stop_signal` to
+  // every group still running and, after `grace`, SIGKILL. Returns the first failure (in
+  // time), or a WorkerExit with rank -1 when every worker succeeded.
+  WorkerExit run(const volatile bool& interrupted, const volatile int& stop_signal, std::chrono::milliseconds grace);
+
+  // The last lines worker `rank` printed (at most `count`).
+  std::vector<std::string> last_lines(int rank) const;
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    int fd = -1;  // read end of its output pipe; -1 once closed
+    FILE* log = nullptr;
+    std::string partial;  // a line not yet ended
+    std::deque<std::string> tail;
+    bool running = true;
+    WorkerExit exit;
+  };
+  void relay(Worker& w, int rank, const char* data, size_t n);
+  void flush_partial(Worker& w, int rank);
+  int64_t pump(int timeout_ms);  // relays what is ready: bytes read, -1 when every pipe is closed
+  void reap(WorkerExit& first);  // collects ended workers
+  void signal_all(int signal);
+
+  std::vector<Worker> workers_;
+};
+
+}  // namespace lockstep::tools
