@@ -5,11 +5,10 @@
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR
 // and MASTER_PORT (a free port, fresh for every start), and OMP_NUM_THREADS = cores / N
 // unless it is set. Output lines are prefixed by rank; each rank's whole output is in
-// DIR/rank<r>.log. If a worker fails, the others are stopped (SIGTERM to each process
-// group, SIGKILL after the grace period) and the summary names the first failure. SIGINT
-// and SIGTERM to the launcher reach every worker; workers die with the launcher.
-// Under mpirun or srun (their variables present) it starts nothing: it maps their
-// variables to the same contract and runs the command in its place.
+// DIR/rank<r>.log (DIR/rank<r>.restart<k>.log after the k-th restart). If a worker fails, the others are stopped
+// (SIGTERM to each process group, SIGKILL after the grace period) and the summary names the first failure. SIGINT and
+// SIGTERM to the launcher reach every worker; workers die with the launcher. Under mpirun or srun (their variables
+// present) it starts nothing: it maps their variables to the same contract and runs the command in its place.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -186,7 +185,9 @@ int run_main(const std::vector<std::string>& args) {
                   {"MASTER_PORT", port},
                   {"OMP_NUM_THREADS", threads},
                   {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)}};
-      spec.log_path = (fs::path(log_dir) / ("rank" + std::to_string(r) + ".log")).string();
+      // A restart keeps the logs of the attempt that failed.
+      const std::string attempt_suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);
+      spec.log_path = (fs::path(log_dir) / ("rank" + std::to_string(r) + attempt_suffix + ".log")).string();
       specs.push_back(std::move(spec));
     }
     WorkerGroup group(specs);

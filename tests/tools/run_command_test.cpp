@@ -117,6 +117,8 @@ TEST_F(RunCommand, RestartsTheGroupAfterAFailure) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the group (1 of 1)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 0] attempt 1 done"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(root_ / "logs" / "rank0.log"));  // the failed attempt's, kept
+  EXPECT_NE(read(root_ / "logs" / "rank0.restart1.log").find("attempt 1 done"), std::string::npos);
 }
 
 TEST_F(RunCommand, BadInputGetsOneLineAndExitCodeTwo) {
