@@ -9,7 +9,8 @@ namespace {
 
 constexpr const char* kStepKey = "step";
 
-// Parses "state.<i>.<slot>" into (i, slot); false when the key has another form.
+}  // namespace
+
 bool parse_state_key(const std::string& key, size_t& index, std::string& slot) {
   const std::string prefix = "state.";
   if (key.rfind(prefix, 0) != 0) return false;
@@ -21,8 +22,6 @@ bool parse_state_key(const std::string& key, size_t& index, std::string& slot) {
   slot = key.substr(dot + 1);
   return true;
 }
-
-}  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::vector<StateSlot> slots)
     : lr_(0), params_(std::move(params)), slots_(std::move(slots)) {
@@ -82,6 +81,14 @@ Tensor& Optimizer::state_slot(size_t param, size_t slot) {
     t = slots_[slot].per_element ? Tensor::zeros(p.shape(), p.dtype(), p.device()) : Tensor::zeros({}, DType::i64);
   }
   return t;
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const std::vector<Tensor>& slots : state_)
+    for (const Tensor& t : slots)
+      if (t.defined()) bytes += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  return bytes;
 }
 
 NamedTensors Optimizer::state_dict() const {

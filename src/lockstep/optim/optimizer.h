@@ -47,6 +47,8 @@ class Optimizer {
   // come from the configuration and the LR schedule, a function of the step. The tensors
   // are the live state (no copy): serialize before the next step().
   NamedTensors state_dict() const;
+  // Bytes of per-parameter state held now (what state_dict() holds but "step").
+  int64_t state_bytes() const;
   // Replaces all state with copies of the given tensors. Every problem (unknown key, bad
   // parameter number, wrong shape, missing "step") is reported in one Error and nothing is
   // changed. A parameter with no entries starts fresh (as one that never had a gradient).
@@ -77,5 +79,9 @@ class Optimizer {
 // The grain for parallel_for in elementwise update loops: below it, threads cost more than
 // they save.
 constexpr int64_t kUpdateGrain = int64_t{1} << 15;
+
+// Splits "state.<index>.<slot>" into its parameter index and slot name; false for any
+// other key (such as "step").
+bool parse_state_key(const std::string& key, size_t& index, std::string& slot);
 
 }  // namespace lockstep::optim

@@ -67,11 +67,7 @@ void DataParallel::load_optimizer_state(const NamedTensors& state) {
 
 int64_t DataParallel::optimizer_state_bytes(int device) const {
   if (options_.zero1) return sharded_.at(static_cast<size_t>(device))->state_bytes();
-  int64_t bytes = 0;
-  for (const auto& [key, tensor] : optimizers_.at(static_cast<size_t>(device))->state_dict()) {
-    if (key != "step") bytes += tensor.numel() * static_cast<int64_t>(dtype_size(tensor.dtype()));
-  }
-  return bytes;
+  return optimizers_.at(static_cast<size_t>(device))->state_bytes();
 }
 
 void DataParallel::run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample,

@@ -98,12 +98,7 @@ void DistributedDataParallel::load_optimizer_state(const NamedTensors& state) {
 }
 
 int64_t DistributedDataParallel::optimizer_state_bytes() const {
-  if (sharded_) return sharded_->state_bytes();
-  int64_t bytes = 0;
-  for (const auto& [key, tensor] : optimizer_->state_dict()) {
-    if (key != "step") bytes += tensor.numel() * static_cast<int64_t>(dtype_size(tensor.dtype()));
-  }
-  return bytes;
+  return sharded_ ? sharded_->state_bytes() : optimizer_->state_bytes();
 }
 
 void DistributedDataParallel::on_gradient_ready(size_t param) {

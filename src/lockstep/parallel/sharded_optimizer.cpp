@@ -9,20 +9,6 @@ Tensor range_of(const Tensor& flat, int64_t begin, int64_t count) {
   return flat.as_strided({count}, {1}, flat.offset() + begin);
 }
 
-// "state.<index>.<slot>" → (index, slot); false for other keys.
-bool split_state_key(const std::string& key, size_t& index, std::string& slot) {
-  if (key.rfind("state.", 0) != 0) return false;
-  const size_t dot = key.find('.', 6);
-  if (dot == std::string::npos) return false;
-  try {
-    index = std::stoul(key.substr(6, dot - 6));
-  } catch (const std::exception&) {
-    return false;
-  }
-  slot = key.substr(dot + 1);
-  return true;
-}
-
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm,
@@ -53,14 +39,6 @@ void ShardedOptimizer::gather_weights() {
   comm_.all_gather(shard_, weights_);  // in place: the shard is its own slice of weights_
 }
 
-int64_t ShardedOptimizer::state_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& [key, tensor] : optimizer_->state_dict()) {
-    if (key != "step") bytes += tensor.numel() * static_cast<int64_t>(dtype_size(tensor.dtype()));
-  }
-  return bytes;
-}
-
 NamedTensors ShardedOptimizer::full_state_dict() {
   // Per slot, in the optimizer's order: the full flat buffer, or a per-parameter scalar
   // (AdamW's step count, the same for every parameter).
@@ -70,7 +48,7 @@ NamedTensors ShardedOptimizer::full_state_dict() {
   for (const auto& [key, tensor] : optimizer_->state_dict()) {
     size_t index = 0;
     std::string slot;
-    if (!split_state_key(key, index, slot)) {
+    if (!optim::parse_state_key(key, index, slot)) {
       out.emplace_back(key, tensor.clone());  // "step"
       continue;
     }
@@ -102,7 +80,7 @@ void ShardedOptimizer::load_full_state_dict(const NamedTensors& state) {
   for (const auto& [key, tensor] : state) {
     size_t index = 0;
     std::string slot;
-    if (!split_state_key(key, index, slot)) {
+    if (!optim::parse_state_key(key, index, slot)) {
       shard_state.emplace_back(key, tensor);
       continue;
     }

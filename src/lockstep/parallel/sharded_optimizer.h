@@ -35,7 +35,7 @@ class ShardedOptimizer {
   void set_lr(double lr) { optimizer_->set_lr(lr); }
   double lr() const { return optimizer_->lr(); }
   // Bytes of optimizer state this rank holds.
-  int64_t state_bytes() const;
+  int64_t state_bytes() const { return optimizer_->state_bytes(); }
 
   // The state an unsharded optimizer over the parameters would have ("step",
   // "state.<param>.<slot>"), gathered from every rank: collective. Checkpoints hold this,
