@@ -31,10 +31,6 @@ std::vector<GradientBucket> plan_buckets(const FlatGradients& gradients, int64_t
   return buckets;
 }
 
-Tensor range_of(const Tensor& flat, int64_t begin, int64_t end) {
-  return flat.as_strided({end - begin}, {1}, flat.offset() + begin);
-}
-
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> model,
@@ -114,7 +110,7 @@ void DistributedDataParallel::start_ready_buckets() {
     const GradientBucket& bucket = buckets_[next_bucket_++];
     // This rank's subtree over the bucket's range, then the tree's top across ranks.
     tree_.finish_range(last_leaf_, bucket.begin, bucket.end);
-    works_.push_back(comm_->all_reduce_async(range_of(last_leaf_, bucket.begin, bucket.end)));
+    works_.push_back(comm_->all_reduce_async(slice(last_leaf_, 0, bucket.begin, bucket.end)));
   }
 }
 
@@ -160,7 +156,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
     if (last) {
       last_leaf_ = reduced_;
       const int64_t real = gradients_.numel(), padded = gradients_.padded_numel();
-      if (padded > real) range_of(last_leaf_, real, padded).zero();  // ZeRO's padding
+      if (padded > real) slice(last_leaf_, 0, real, padded).zero();  // ZeRO's padding
       taken_.assign(gradients_.params().size(), false);
       missing_.clear();
       for (const GradientBucket& bucket : buckets_) missing_.push_back(bucket.params.size());

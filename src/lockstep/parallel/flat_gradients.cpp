@@ -1,5 +1,7 @@
 #include "lockstep/parallel/flat_gradients.h"
 
+#include "lockstep/ops/ops.h"
+
 namespace lockstep::parallel {
 namespace {
 
@@ -28,7 +30,7 @@ FlatGradients::FlatGradients(std::vector<Tensor> params, int shards)
 
 Tensor FlatGradients::empty_buffer() const {
   const Tensor flat = Tensor::empty({padded_}, params_.front().dtype(), params_.front().device());
-  if (padded_ > numel_) flat.as_strided({padded_ - numel_}, {1}, numel_).zero();
+  if (padded_ > numel_) slice(flat, 0, numel_, padded_).zero();
   return flat;
 }
 

@@ -2,15 +2,9 @@
 
 #include <map>
 
+#include "lockstep/ops/ops.h"
+
 namespace lockstep::parallel {
-namespace {
-
-Tensor range_of(const Tensor& flat, int64_t begin, int64_t count) {
-  return flat.as_strided({count}, {1}, flat.offset() + begin);
-}
-
-}  // namespace
-
 ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm,
                                    const OptimizerFactory& make_optimizer)
     : layout_(layout), comm_(comm) {
@@ -22,7 +16,7 @@ ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicat
   weights_ = layout.gather_values();
   for (size_t i = 0; i < layout.params().size(); ++i) layout.params()[i].set_data(layout.view(weights_, i));
   const int64_t size = layout.padded_numel() / comm.size();
-  shard_ = range_of(weights_, size * comm.rank(), size);
+  shard_ = slice(weights_, 0, size * comm.rank(), size * (comm.rank() + 1));
   shard_.set_requires_grad(true);
   optimizer_ = make_optimizer({shard_});
 }
@@ -99,7 +93,7 @@ void ShardedOptimizer::load_full_state_dict(const NamedTensors& state) {
     layout_.view(it->second, index).copy_from(tensor);
   }
   for (const auto& [slot, full] : per_element)
-    shard_state.emplace_back("state.0." + slot, range_of(full, shard_begin(), shard_size()).clone());
+    shard_state.emplace_back("state.0." + slot, slice(full, 0, shard_begin(), shard_begin() + shard_size()).clone());
   for (const auto& [slot, value] : scalars) shard_state.emplace_back("state.0." + slot, value);
   optimizer_->load_state_dict(shard_state);
 }
