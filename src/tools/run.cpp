@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <map>
 
@@ -27,6 +26,7 @@
 #include "lockstep/core/error.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "tools/run_dir.h"
 #include "tools/worker_group.h"
 
 namespace lockstep::tools {
@@ -56,17 +56,6 @@ int free_port() {
   close(fd);
   LOCKSTEP_CHECK(ok) << "cannot find a free port: " << std::strerror(errno);
   return ntohs(address.sin_port);
-}
-
-std::string default_log_dir() {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
-  std::string dir = std::string("runs/launch-") + stamp;
-  for (int i = 2; fs::exists(dir); ++i) dir = std::string("runs/launch-") + stamp + "-" + std::to_string(i);
-  return dir;
 }
 
 // Under mpirun or srun: this process is one rank already. The command runs in its place
@@ -157,7 +146,7 @@ int run_main(const std::vector<std::string>& args) {
                      " (one worker per device: lockstep run -n 2 -- CMD)");
   }
 
-  if (log_dir.empty()) log_dir = default_log_dir();
+  if (log_dir.empty()) log_dir = fresh_run_dir("launch-");
   fs::create_directories(log_dir);
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const std::string threads =

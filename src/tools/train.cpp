@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 
 #include "lockstep/core/allocator.h"
@@ -27,6 +26,7 @@
 #include "tools/commands.h"
 #include "tools/device_report.h"
 #include "tools/flags.h"
+#include "tools/run_dir.h"
 #include "tools/train_checkpoint.h"
 #include "tools/train_strategy.h"
 
@@ -81,18 +81,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options, st
                                           optim::AdamWOptions{.lr = options.lr, .weight_decay = options.weight_decay});
   }
   throw UsageError("--optimizer must be sgd or adamw, got '" + options.optimizer + "'");
-}
-
-std::string default_out_dir() {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
-  std::string dir = std::string("runs/") + stamp;
-  // Two runs started in the same second get distinct folders.
-  for (int i = 2; fs::exists(dir); ++i) dir = std::string("runs/") + stamp + "-" + std::to_string(i);
-  return dir;
 }
 
 int64_t peak_rss_bytes() {
@@ -223,7 +211,7 @@ int train_main(const std::vector<std::string>& args) {
 
   const std::string out_dir = !options.out_dir.empty()      ? options.out_dir
                               : !options.resume_dir.empty() ? options.resume_dir
-                                                            : default_out_dir();
+                                                            : fresh_run_dir();
   std::optional<JsonLinesWriter> metrics;
   if (leader) {
     fs::create_directories(out_dir);
