@@ -58,16 +58,23 @@ int free_port() {
   return ntohs(address.sin_port);
 }
 
+// torchrun's variables for the rank `info` describes (no address or port when it has none).
+std::map<std::string, std::string> torchrun_variables(const comm::LaunchInfo& info) {
+  std::map<std::string, std::string> vars = {
+      {"RANK", std::to_string(info.rank)},
+      {"WORLD_SIZE", std::to_string(info.world_size)},
+      {"LOCAL_RANK", std::to_string(info.local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(info.local_world_size)},
+      {"GROUP_RANK", std::to_string(info.rank / std::max(1, info.local_world_size))}};
+  if (!info.master_addr.empty()) vars["MASTER_ADDR"] = info.master_addr;
+  if (info.master_port > 0) vars["MASTER_PORT"] = std::to_string(info.master_port);
+  return vars;
+}
+
 // Under mpirun or srun: this process is one rank already. The command runs in its place
 // with torchrun's variables.
 [[noreturn]] void exec_as_rank(const comm::LaunchInfo& info, const std::vector<std::string>& command) {
-  setenv("RANK", std::to_string(info.rank).c_str(), 1);
-  setenv("WORLD_SIZE", std::to_string(info.world_size).c_str(), 1);
-  setenv("LOCAL_RANK", std::to_string(info.local_rank).c_str(), 1);
-  setenv("LOCAL_WORLD_SIZE", std::to_string(info.local_world_size).c_str(), 1);
-  setenv("GROUP_RANK", std::to_string(info.rank / std::max(1, info.local_world_size)).c_str(), 1);
-  if (!info.master_addr.empty()) setenv("MASTER_ADDR", info.master_addr.c_str(), 1);
-  if (info.master_port > 0) setenv("MASTER_PORT", std::to_string(info.master_port).c_str(), 1);
+  for (const auto& [name, value] : torchrun_variables(info)) setenv(name.c_str(), value.c_str(), 1);
   std::vector<char*> argv;
   std::vector<std::string> copy = command;
   for (std::string& a : copy) argv.push_back(a.data());
@@ -160,20 +167,19 @@ int run_main(const std::vector<std::string>& args) {
   sigaction(SIGHUP, &action, nullptr);
 
   for (int64_t attempt = 0;; ++attempt) {
-    const std::string port = std::to_string(free_port());
+    const int port = free_port();
     std::vector<WorkerSpec> specs;
     for (int64_t r = 0; r < workers; ++r) {
       WorkerSpec spec;
       spec.command = command;
-      spec.env = {{"RANK", std::to_string(r)},
-                  {"LOCAL_RANK", std::to_string(r)},
-                  {"WORLD_SIZE", std::to_string(workers)},
-                  {"LOCAL_WORLD_SIZE", std::to_string(workers)},
-                  {"GROUP_RANK", "0"},
-                  {"MASTER_ADDR", master_addr},
-                  {"MASTER_PORT", port},
-                  {"OMP_NUM_THREADS", threads},
-                  {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)}};
+      comm::LaunchInfo info;
+      info.rank = info.local_rank = static_cast<int>(r);
+      info.world_size = info.local_world_size = static_cast<int>(workers);
+      info.master_addr = master_addr;
+      info.master_port = port;
+      spec.env = torchrun_variables(info);
+      spec.env["OMP_NUM_THREADS"] = threads;
+      spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
       // A restart keeps the logs of the attempt that failed.
       const std::string attempt_suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);
       spec.log_path = (fs::path(log_dir) / ("rank" + std::to_string(r) + attempt_suffix + ".log")).string();
