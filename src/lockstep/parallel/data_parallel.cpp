@@ -80,20 +80,12 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   const int64_t batch = images.size(0);
   const int64_t micro = options_.micro_batch;
   const int64_t per_device = batch / devices();
-  const Device here = Device::cpu(device);
-  const Tensor seed_gradient = Tensor::scalar(1.0 / static_cast<double>(batch)).to(here);
   GradientTree tree;
   for (int64_t first = device * per_device; first < (device + 1) * per_device; first += micro) {
-    const Tensor x = slice(images, 0, first, first + micro).to(here);
-    const Tensor y = slice(labels, 0, first, first + micro).to(here);
-    model.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
-    // The loss of the step is the sum over the global batch / B: each micro-batch adds its
-    // sum with the same 1/B, whichever device runs it.
-    const Tensor micro_loss = cross_entropy(model(x), y, Reduction::sum);
-    micro_loss.backward(seed_gradient);
+    const Tensor loss =
+        run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed, Device::cpu(device));
     // The loss rides along as a second leaf entry, so it is summed in the same order.
-    tree.add_leaf(
-        {gradients.take_all(), Tensor::full({1}, micro_loss.item() / static_cast<double>(batch), DType::f64)});
+    tree.add_leaf({gradients.take_all(), loss});
   }
   std::vector<Tensor> sums = tree.finish();
   times.compute = seconds_since(start);

@@ -149,7 +149,6 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
 
   const int64_t micro = options_.micro_batch;
-  const Tensor seed_gradient = Tensor::scalar(1.0 / static_cast<double>(batch));
   GradientTree losses;
   for (int64_t first = 0; first < local; first += micro) {
     const bool last = first + micro == local;
@@ -163,13 +162,8 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
       next_bucket_ = 0;
       collecting_ = true;
     }
-    const Tensor x = slice(images, 0, first, first + micro);
-    const Tensor y = slice(labels, 0, first, first + micro);
-    model_->set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
-    // Each micro-batch adds its loss sum with the same 1/B, whichever rank runs it.
-    const Tensor micro_loss = cross_entropy((*model_)(x), y, Reduction::sum);
-    micro_loss.backward(seed_gradient);
-    losses.add_leaf({Tensor::full({1}, micro_loss.item() / static_cast<double>(batch), DType::f64)});
+    losses.add_leaf(
+        {run_micro_batch(*model_, images, labels, first, micro, batch, first_sample, step, seed, images.device())});
     if (!last) tree_.add_leaf({gradients_.take_all()});
   }
   // Parameters backward did not reach (unused in this step) count as zeros.

@@ -3,6 +3,8 @@
 #include <bit>
 #include <sstream>
 
+#include "lockstep/ops/ops.h"
+
 namespace lockstep::parallel {
 
 std::string check_step_layout(int64_t batch, int64_t micro_batch, int devices) {
@@ -21,6 +23,16 @@ std::string check_step_layout(int64_t batch, int64_t micro_batch, int devices) {
              "that leaves each device 1, 2, 4, ... micro-batches, or change --batch-size or --micro-batch";
   }
   return error.str();
+}
+
+Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& labels, int64_t first, int64_t count,
+                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device) {
+  const Tensor x = slice(images, 0, first, first + count).to(device);
+  const Tensor y = slice(labels, 0, first, first + count).to(device);
+  model.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
+  const Tensor loss = cross_entropy(model(x), y, Reduction::sum);
+  loss.backward(Tensor::scalar(1.0 / static_cast<double>(batch)).to(device));
+  return Tensor::full({1}, loss.item() / static_cast<double>(batch), DType::f64);
 }
 
 }  // namespace lockstep::parallel

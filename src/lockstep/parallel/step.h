@@ -1,10 +1,12 @@
-// What every data-parallel layout shares: the layouts a step's tree can take, and what a
-// step reports (its loss and where each device's time went).
+// What every data-parallel layout shares: the layouts a step's tree can take, one leaf of
+// the tree, and what a step reports (its loss and where each device's time went).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "lockstep/nn/module.h"
 
 namespace lockstep::parallel {
 
@@ -26,5 +28,14 @@ struct StepResult {
 // `micro_batch` as the step's tree needs (equal power-of-two runs of micro-batches), else
 // the error, with the arithmetic and what would work.
 std::string check_step_layout(int64_t batch, int64_t micro_batch, int devices);
+
+// One leaf of the step's tree: forward and backward of rows [first, first + count) of
+// images and labels (row 0 is global sample first_sample) on `device`, in a step whose
+// global batch holds `batch` samples. The loss is the micro-batch's cross-entropy *sum* with seed
+// gradient 1/batch, so every micro-batch counts alike whichever device runs it; dropout is
+// keyed by global sample index. The gradients land in the parameters' .grad. Returns the
+// micro-batch's loss / batch as a one-element f64 tensor: the loss's own leaf.
+Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& labels, int64_t first, int64_t count,
+                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device);
 
 }  // namespace lockstep::parallel
