@@ -108,16 +108,8 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
     return;
   }
   // ZeRO-1: each device reduces and steps its shard, then gathers everyone's weights.
-  ShardedOptimizer& sharded = *sharded_[device];
-  Tensor shard = Tensor::empty({sharded.shard_size()}, sums[0].dtype(), sums[0].device());
-  comm.reduce_scatter(sums[0], shard);
   times.communicate = seconds_since(start);
-  start = Clock::now();
-  sharded.update(std::move(shard));  // freed before the weights are gathered
-  times.optimizer = seconds_since(start);
-  start = Clock::now();
-  sharded.gather_weights();
-  times.communicate += seconds_since(start);
+  sharded_[device]->step(sums[0], times);
 }
 
 StepResult DataParallel::step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,

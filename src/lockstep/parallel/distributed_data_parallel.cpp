@@ -197,16 +197,9 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
     times.optimizer = seconds_since(start);
     return;
   }
-  Tensor shard = Tensor::empty({sharded_->shard_size()}, last_leaf_.dtype(), last_leaf_.device());
-  comm_->reduce_scatter(last_leaf_, shard);
-  last_leaf_ = Tensor();
   times.communicate = seconds_since(start);
-  start = Clock::now();
-  sharded_->update(std::move(shard));  // freed before the weights are gathered
-  times.optimizer = seconds_since(start);
-  start = Clock::now();
-  sharded_->gather_weights();
-  times.communicate += seconds_since(start);
+  sharded_->step(last_leaf_, times);
+  last_leaf_ = Tensor();
 }
 
 }  // namespace lockstep::parallel

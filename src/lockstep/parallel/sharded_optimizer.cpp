@@ -1,5 +1,6 @@
 #include "lockstep/parallel/sharded_optimizer.h"
 
+#include <chrono>
 #include <map>
 
 #include "lockstep/ops/ops.h"
@@ -21,16 +22,26 @@ ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicat
   optimizer_ = make_optimizer({shard_});
 }
 
-void ShardedOptimizer::update(Tensor grad_shard) {
-  LOCKSTEP_CHECK(grad_shard.numel() == shard_.numel())
-      << "a gradient shard of " << grad_shard.numel() << " elements for a weight shard of " << shard_.numel();
-  shard_.set_grad(grad_shard.reshape({shard_.numel()}));
-  optimizer_->step();
-  optimizer_->zero_grad();
-}
-
-void ShardedOptimizer::gather_weights() {
+void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  Clock::time_point start = Clock::now();
+  {
+    // The gradient shard is freed before the weights are gathered.
+    const Tensor grad_shard = Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
+    comm_.reduce_scatter(gradients, grad_shard);
+    times.communicate += seconds_since(start);
+    start = Clock::now();
+    shard_.set_grad(grad_shard);
+    optimizer_->step();
+    optimizer_->zero_grad();
+    times.optimizer += seconds_since(start);
+  }
+  start = Clock::now();
   comm_.all_gather(shard_, weights_);  // in place: the shard is its own slice of weights_
+  times.communicate += seconds_since(start);
 }
 
 NamedTensors ShardedOptimizer::full_state_dict() {

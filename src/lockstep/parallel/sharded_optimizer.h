@@ -14,6 +14,7 @@
 #include "lockstep/nn/named_tensors.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/flat_gradients.h"
+#include "lockstep/parallel/step.h"
 
 namespace lockstep::parallel {
 
@@ -28,10 +29,10 @@ class ShardedOptimizer {
 
   int64_t shard_size() const { return shard_.numel(); }
   int64_t shard_begin() const { return shard_size() * comm_.rank(); }
-  // Steps this rank's shard with grad_shard (its range of the reduced gradients) ...
-  void update(Tensor grad_shard);
-  // ... then every rank's shard goes into the parameters (collective).
-  void gather_weights();
+  // One step from this rank's unreduced gradients (a flat buffer in the layout's order):
+  // reduce-scatter them, update this rank's shard, all-gather every shard into the
+  // parameters (collective). Adds the time spent to times.communicate and times.optimizer.
+  void step(const Tensor& gradients, DeviceTimes& times);
   void set_lr(double lr) { optimizer_->set_lr(lr); }
   double lr() const { return optimizer_->lr(); }
   // Bytes of optimizer state this rank holds.
