@@ -1,10 +1,13 @@
 // `lockstep run`: one process per device for any program, torchrun's contract.
 //
-//   lockstep run -n 2 [--log-dir DIR] [--max-restarts K] [--grace SECONDS] -- CMD ARGS...
+//   lockstep run -n 2 [--gpus auto|0,2,3] [--min-free-memory 10G] [--log-dir DIR]
+//                [--max-restarts K] [--grace SECONDS] -- CMD ARGS...
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR
-// and MASTER_PORT (a free port, fresh for every start), and OMP_NUM_THREADS = cores / N
-// unless it is set. Output lines are prefixed by rank; each rank's whole output is in
+// and MASTER_PORT (a free port, fresh for every start, unless --master-port), and
+// OMP_NUM_THREADS = cores / N unless it is set. On a host with GPUs each worker sees the
+// job's GPUs through CUDA_VISIBLE_DEVICES, ordered so that LOCAL_RANK r's GPU is cuda:r
+// (run_gpus.h says which GPUs). Output lines are prefixed by rank; each rank's whole output is in
 // DIR/rank<r>.log (DIR/rank<r>.restart<k>.log after the k-th restart). If a worker fails, the others are stopped
 // (SIGTERM to each process group, SIGKILL after the grace period) and the summary names the first failure. SIGINT and
 // SIGTERM to the launcher reach every worker; workers die with the launcher. Under mpirun or srun (their variables
@@ -24,9 +27,12 @@
 #include "lockstep/comm/launch_env.h"
 #include "lockstep/core/device.h"
 #include "lockstep/core/error.h"
+#include "lockstep/gpu/gpu_selection.h"
+#include "tools/byte_size.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tools/run_dir.h"
+#include "tools/run_gpus.h"
 #include "tools/worker_group.h"
 
 namespace lockstep::tools {
@@ -56,6 +62,24 @@ int free_port() {
   close(fd);
   LOCKSTEP_CHECK(ok) << "cannot find a free port: " << std::strerror(errno);
   return ntohs(address.sin_port);
+}
+
+// A port the user chose must be free now: rank 0 would fail to serve on it later, with a
+// message far from its cause.
+void check_port_free(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  LOCKSTEP_CHECK(fd >= 0) << "socket: " << std::strerror(errno);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  const int error = errno;
+  close(fd);
+  if (!ok) {
+    throw UsageError("--master-port " + std::to_string(port) + " is not free (" + std::strerror(error) +
+                     "; another job uses it?): leave --master-port out to get a free port");
+  }
 }
 
 // torchrun's variables for the rank `info` describes (no address or port when it has none).
@@ -108,9 +132,9 @@ int run_main(const std::vector<std::string>& args) {
     const bool help = args[i] == "--help" || args[i] == "-h";
     if (!help && args[i].find('=') == std::string::npos && i + 1 < args.size()) options.push_back(args[++i]);
   }
-  int64_t workers = 0, max_restarts = 0;
-  double grace_seconds = 5;
-  std::string log_dir, master_addr = "127.0.0.1";
+  int64_t workers = 0, max_restarts = 0, master_port = 0;
+  double grace_seconds = 5, wait_seconds = -1;
+  std::string log_dir, master_addr = "127.0.0.1", gpus, min_free_memory = "0";
   Flags flags("run",
               "Starts one process per device, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
               "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS):\n"
@@ -121,6 +145,12 @@ int run_main(const std::vector<std::string>& args) {
   flags.add("max-restarts", &max_restarts, "restart the whole group this many times after a failure");
   flags.add("grace", &grace_seconds, "seconds between SIGTERM and SIGKILL when stopping workers");
   flags.add("master-addr", &master_addr, "the address rank 0 serves the rendezvous on");
+  flags.add("master-port", &master_port, "the rendezvous port (default: a free one, fresh for every start)");
+  flags.add("gpus", &gpus,
+            "'auto' (the freest GPUs no other user holds) or NVML indices like 0,2,3; default auto when the\n"
+            "host has a GPU per worker and CUDA_VISIBLE_DEVICES is unset");
+  flags.add("min-free-memory", &min_free_memory, "wait until each GPU has this much free, like 10G");
+  flags.add("wait", &wait_seconds, "give up waiting for free GPUs after this many seconds (default: wait)");
   if (!flags.parse(options)) return 0;
   if (command.empty()) throw UsageError("no command to run: lockstep run -n N -- CMD ARGS...");
   if (grace_seconds < 0) throw UsageError("--grace must be 0 or more seconds");
@@ -148,10 +178,23 @@ int run_main(const std::vector<std::string>& args) {
   } else if (access(command[0].c_str(), X_OK) != 0 || fs::is_directory(command[0])) {
     throw UsageError("cannot run '" + command[0] + "': no such executable file");
   }
+  if (!flags.given("nproc") && !gpus.empty() && gpus != "auto")
+    workers = static_cast<int64_t>(gpu::parse_gpu_list(gpus).size());
   if (workers < 1) {
     throw UsageError("-n must be at least 1, got " + std::to_string(workers) +
                      " (one worker per device: lockstep run -n 2 -- CMD)");
   }
+  if (flags.given("master-port")) {
+    if (master_port < 1 || master_port > 65535) {
+      throw UsageError("--master-port must be a port number from 1 to 65535, got " + std::to_string(master_port));
+    }
+    check_port_free(static_cast<int>(master_port));
+  }
+  GpuAsk ask;
+  ask.gpus = gpus;
+  ask.workers = static_cast<int>(workers);
+  ask.min_free_bytes = parse_byte_size(min_free_memory, "--min-free-memory");
+  ask.wait_seconds = wait_seconds;
 
   if (log_dir.empty()) log_dir = fresh_run_dir("launch-");
   fs::create_directories(log_dir);
@@ -166,8 +209,14 @@ int run_main(const std::vector<std::string>& args) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGHUP, &action, nullptr);
 
+  const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
+  if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
+  for (size_t r = 0; r < assigned.per_rank.size(); ++r) {
+    std::fprintf(stderr, "lockstep run: rank %zu on %s\n", r, assigned.per_rank[r].c_str());
+  }
+
   for (int64_t attempt = 0;; ++attempt) {
-    const int port = free_port();
+    const int port = master_port > 0 ? static_cast<int>(master_port) : free_port();
     std::vector<WorkerSpec> specs;
     for (int64_t r = 0; r < workers; ++r) {
       WorkerSpec spec;
@@ -179,6 +228,7 @@ int run_main(const std::vector<std::string>& args) {
       info.master_port = port;
       spec.env = torchrun_variables(info);
       spec.env["OMP_NUM_THREADS"] = threads;
+      if (!assigned.cuda_visible_devices.empty()) spec.env["CUDA_VISIBLE_DEVICES"] = assigned.cuda_visible_devices;
       spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
       // A restart keeps the logs of the attempt that failed.
       const std::string attempt_suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);

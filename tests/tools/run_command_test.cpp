@@ -2,7 +2,9 @@
 // rank, a failure that stops the group and says which rank, signals that reach the
 // workers, restarts, and real clients (Lockstep's ddp training and a PyTorch DDP script).
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,9 +34,10 @@ class RunCommand : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  // `lockstep run` with its logs under root_.
-  Result launch(const std::string& arguments) {
-    return run("run --log-dir " + (root_ / "logs").string() + " " + arguments);
+  // `lockstep run` with its logs under root_, after `env` assignments.
+  Result launch(const std::string& arguments, const std::string& env = "") {
+    return run_shell((env.empty() ? "" : "env " + env + " ") + kBinary + " run --log-dir " + (root_ / "logs").string() +
+                     " " + arguments);
   }
   std::string read(const fs::path& path) const {
     std::ifstream in(path);
@@ -49,6 +52,9 @@ class RunCommand : public ::testing::Test {
 
   fs::path root_;
 };
+
+// An NVML library that cannot load: the host looks GPU-less whatever it has.
+const std::string kNoNvml = "LOCKSTEP_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1";
 
 TEST_F(RunCommand, GivesEveryWorkerTorchrunsEnvironmentAndPrefixesItsOutput) {
   const Result r = launch(
@@ -124,11 +130,37 @@ TEST_F(RunCommand, RestartsTheGroupAfterAFailure) {
 TEST_F(RunCommand, BadInputGetsOneLineAndExitCodeTwo) {
   for (const std::string& arguments :
        {std::string("-n 0 -- true"), std::string("-n 2"), std::string("-n 2 -- no-such-program-here"),
-        std::string("--bogus 1 -- true"), std::string("-n 2 -- /no/such/file")}) {
-    const Result r = launch(arguments);
+        std::string("--bogus 1 -- true"), std::string("-n 2 -- /no/such/file"),
+        std::string("-n 1 --min-free-memory 10X -- true"), std::string("--gpus 1,x -- true"),
+        std::string("-n 1 --master-port 70000 -- true"), std::string("-n 1 --gpus 0 -- true")}) {
+    // No NVML (whatever this host has), so --gpus 0 names a GPU that is not there.
+    const Result r = launch(arguments, kNoNvml);
     EXPECT_EQ(r.exit_code, 2) << arguments << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << arguments << "\n" << r.output;
   }
+}
+
+// A --master-port someone listens on is refused before any worker starts.
+TEST_F(RunCommand, RefusesAMasterPortInUse) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const int port = ntohs(address.sin_port);
+  const Result r = launch("-n 1 --master-port " + std::to_string(port) + " -- echo started");
+  close(fd);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--master-port " + std::to_string(port) + " is not free"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("started"), std::string::npos) << r.output;
+  // Free again: the same port is used as given.
+  const Result ok = launch("-n 1 --master-port " + std::to_string(port) + " -- sh -c 'echo port=$MASTER_PORT'");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("port=" + std::to_string(port)), std::string::npos) << ok.output;
 }
 
 // Lockstep's own ddp training under `lockstep run`: one device's weights, bit for bit.

@@ -1,0 +1,32 @@
+// The GPUs `lockstep run` gives its workers: --gpus auto|LIST, --min-free-memory, waiting
+// (with a message) while the GPUs it needs are busy, and the CUDA_VISIBLE_DEVICES every
+// worker gets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::tools {
+
+struct GpuAssignment {
+  // Empty: the workers run on CPU devices (no GPU on the host), or keep the launcher's
+  // CUDA_VISIBLE_DEVICES (no --gpus and more workers than GPUs).
+  std::string cuda_visible_devices;
+  std::vector<std::string> per_rank;  // "GPU 2 (NVIDIA A100-SXM4-80GB, 79.1 GiB free)"
+  std::string notice;                 // what to tell the user when no GPU is assigned
+};
+
+struct GpuAsk {
+  std::string gpus;  // "" (not given), "auto", or "0,2,3"
+  int workers = 1;
+  uint64_t min_free_bytes = 0;
+  double wait_seconds = -1;  // give up after this long; < 0: wait until free
+  double poll_seconds = 2;   // between readings while waiting
+};
+
+// Reads NVML until the GPUs asked for are free (or the wait runs out, or `interrupted`
+// becomes true: both are Errors). UsageError for what no wait can fix.
+GpuAssignment assign_gpus(const GpuAsk& ask, const volatile bool& interrupted);
+
+}  // namespace lockstep::tools
