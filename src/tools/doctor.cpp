@@ -50,6 +50,7 @@ nlohmann::json facts_json(const DoctorInput& in) {
                          {"cores_online", h.cores_online},
                          {"cores_allowed", h.cores_allowed},
                          {"numa_nodes", numa},
+                         {"infiniband_devices", h.infiniband_devices},
                          {"mpirun", h.mpirun_path},
                          {"driver_module_version", h.driver_module_version},
                          {"driver_gpus", driver_gpus},
@@ -79,7 +80,8 @@ void print_report(const std::vector<Check>& checks) {
   }
   int counts[4] = {};
   for (const Check& c : checks) ++counts[static_cast<int>(c.status)];
-  std::printf("\n%d passed, %d info, %d warnings, %d failures\n", counts[0], counts[1], counts[2], counts[3]);
+  std::printf("\n%d passed, %d info, %d warning%s, %d failure%s\n", counts[0], counts[1], counts[2],
+              counts[2] == 1 ? "" : "s", counts[3], counts[3] == 1 ? "" : "s");
 }
 
 }  // namespace

@@ -61,9 +61,15 @@ Check check_memlock(const DoctorInput& in) {
     return c;
   }
   c.summary = "locked-memory limit (ulimit -l) is " + format_bytes(*in.host.memlock_bytes);
-  if (*in.host.memlock_bytes < kMemlockWarnBytes) {
+  if (*in.host.memlock_bytes < kMemlockWarnBytes && in.host.infiniband_devices.empty()) {
+    // Only RDMA registers (locks) buffers against this limit; without an RDMA device the
+    // small default harms nothing.
+    c.status = Status::kInfo;
+    c.summary += ": small, but only RDMA (InfiniBand) needs more and this host has no RDMA device";
+  } else if (*in.host.memlock_bytes < kMemlockWarnBytes) {
     c.status = Status::kWarn;
-    c.summary += ": too small for InfiniBand/RDMA (NCCL, MPI) to register pinned buffers";
+    c.summary += ": too small for NCCL or MPI to register buffers with the RDMA devices (" +
+                 in.host.infiniband_devices[0] + (in.host.infiniband_devices.size() > 1 ? ", …" : "") + ")";
     c.fix = "ulimit -l unlimited (for services: LimitMEMLOCK=infinity; docker: --ulimit memlock=-1)";
   }
   return c;

@@ -134,6 +134,11 @@ HostFacts gather_host_facts(const HostProbe& probe) {
   std::sort(facts.numa_nodes.begin(), facts.numa_nodes.end(),
             [](const NumaNode& a, const NumaNode& b) { return a.id < b.id; });
 
+  for (const auto& entry : fs::directory_iterator(under("/sys/class/infiniband"), error)) {
+    facts.infiniband_devices.push_back(entry.path().filename().string());
+  }
+  std::sort(facts.infiniband_devices.begin(), facts.infiniband_devices.end());
+
   facts.mpirun_path = find_on_path(probe.path_env, "mpirun");
 
   facts.driver_module_version = module_version(read_text(under("/proc/driver/nvidia/version")));

@@ -32,7 +32,8 @@ struct HostFacts {
   int cores_online = 0;                   // sysconf(_SC_NPROCESSORS_ONLN)
   int cores_allowed = 0;                  // this process's affinity mask (taskset, cgroups, Slurm)
   std::vector<NumaNode> numa_nodes;
-  std::string mpirun_path;  // empty when mpirun is not on PATH
+  std::vector<std::string> infiniband_devices;  // /sys/class/infiniband/*: "mlx5_0", …
+  std::string mpirun_path;                      // empty when mpirun is not on PATH
   // The NVIDIA kernel module: "535.129.03" from /proc/driver/nvidia/version; empty when not loaded.
   std::string driver_module_version;
   std::vector<DriverGpu> driver_gpus;
