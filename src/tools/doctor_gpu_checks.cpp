@@ -61,6 +61,10 @@ Check check_nvml(const DoctorInput& in) {
     return c;
   }
   if (gpus.loaded()) {
+    // Optional readings NVML could not give: the blanks in other checks, explained.
+    for (const auto& d : gpus.devices) {
+      for (const std::string& call : d.unavailable) c.details.push_back(gpu_label(d) + ": " + call);
+    }
     c.summary = "NVML loaded from " + gpus.library_path + ": driver " + gpus.driver_version + ", " +
                 plural(gpus.devices.size(), "GPU");
     if (gpus.devices.empty() && driver_gpus == 0) {

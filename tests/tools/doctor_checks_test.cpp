@@ -107,7 +107,11 @@ TEST(DoctorChecks, FailedReadIsAFailure) {
   DoctorInput in = healthy(0);
   in.read_error = "nvmlDeviceGetHandleByIndex_v2: Unknown Error";
   EXPECT_EQ(check_nvml(in).status, Status::kFail);
-  EXPECT_EQ(check_nvml(healthy(1)).status, Status::kPass);
+  DoctorInput one = healthy(1);
+  one.gpus.devices[0].unavailable = {"nvmlDeviceGetPowerUsage: Unknown Error"};
+  const Check c = check_nvml(one);
+  EXPECT_EQ(c.status, Status::kPass);
+  EXPECT_EQ(c.details, std::vector<std::string>{"GPU 0: nvmlDeviceGetPowerUsage: Unknown Error"});
 }
 
 TEST(DoctorChecks, GpuInDriverFilesButNotInNvmlFails) {
