@@ -4,6 +4,8 @@
 // Exit code: 0 all pass, 1 warnings, 2 failures.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
