@@ -212,7 +212,7 @@ Check check_other_processes(const DoctorInput& in) {
     return c;
   }
   c.status = Status::kWarn;
-  c.summary = "other users' processes hold " + join(held, ", ");
+  c.summary = "processes not yours (other users', or outside this PID namespace) hold " + join(held, ", ");
   c.fix = "use the other GPUs (lockstep run --gpus auto, or CUDA_VISIBLE_DEVICES), or ask the owners";
   return c;
 }
