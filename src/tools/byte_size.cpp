@@ -51,8 +51,10 @@ std::string format_bytes(uint64_t bytes) {
     value /= 1024;
     ++unit;
   }
+  // Whole numbers and large values without a decimal: "64 MiB", "80 GiB", "1.5 GiB".
+  const bool whole = unit == 0 || value >= 100 || value == static_cast<double>(static_cast<uint64_t>(value));
   char text[32];
-  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", value, kUnits[unit]);
+  std::snprintf(text, sizeof(text), whole ? "%.0f %s" : "%.1f %s", value, kUnits[unit]);
   return text;
 }
 

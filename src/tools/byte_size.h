@@ -10,7 +10,7 @@ namespace lockstep::tools {
 // UsageError naming `flag` and the accepted forms for anything else.
 uint64_t parse_byte_size(const std::string& text, const std::string& flag);
 
-// "9.5 GiB", "512.0 MiB", "17 B".
+// "9.5 GiB", "512 MiB", "17 B".
 std::string format_bytes(uint64_t bytes);
 
 }  // namespace lockstep::tools

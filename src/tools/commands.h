@@ -10,5 +10,6 @@ int train_main(const std::vector<std::string>& args);
 int bench_main(const std::vector<std::string>& args);
 int run_main(const std::vector<std::string>& args);
 int bench_collectives_main(const std::vector<std::string>& args);
+int doctor_main(const std::vector<std::string>& args);
 
 }  // namespace lockstep::tools

@@ -33,9 +33,10 @@ TEST(ByteSize, RejectsWhatIsNotASize) {
 
 TEST(ByteSize, FormatsInTheLargestWholeUnit) {
   EXPECT_EQ(format_bytes(17), "17 B");
-  EXPECT_EQ(format_bytes(512ull << 20), "512.0 MiB");
+  EXPECT_EQ(format_bytes(512ull << 20), "512 MiB");
   EXPECT_EQ(format_bytes((19ull << 30) / 2), "9.5 GiB");
-  EXPECT_EQ(format_bytes(80ull << 30), "80.0 GiB");
+  EXPECT_EQ(format_bytes(80ull << 30), "80 GiB");
+  EXPECT_EQ(format_bytes((1000ull << 20) + (1ull << 19)), "1000 MiB");
 }
 
 }  // namespace
