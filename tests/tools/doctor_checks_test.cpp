@@ -203,8 +203,8 @@ TEST(DoctorChecks, VisibleDevicesStopsAtAnEntryCudaCannotUse) {
   in.env.cuda_visible_devices = "0,1,4,2";  // 4 is out of range: CUDA sees 0 and 1 only
   Check c = check_visible_devices(in);
   EXPECT_EQ(c.status, Status::kWarn);
-  EXPECT_NE(c.summary.find("'4,2'"), std::string::npos) << c.summary;
-  EXPECT_NE(c.summary.find("sees 2 GPUs"), std::string::npos) << c.summary;
+  EXPECT_NE(c.summary.find("entry 3 (\"4\")"), std::string::npos) << c.summary;
+  EXPECT_NE(c.summary.find("so 2 GPUs are visible"), std::string::npos) << c.summary;
   in.env.cuda_visible_devices = "GPU-ffff,0";  // matches nothing, first: no GPU at all
   c = check_visible_devices(in);
   EXPECT_EQ(c.status, Status::kFail);
@@ -219,11 +219,13 @@ TEST(DoctorChecks, MixedGpusNumberDifferentlyWithoutPciBusOrder) {
   in.gpus.devices[0] = device(0, "Tesla T4", 7, 5, 40);  // slower GPU first on the bus
   Check c = check_visible_devices(in);
   EXPECT_EQ(c.status, Status::kWarn);
-  EXPECT_NE(c.summary.find("cuda:0 is NVML GPU 1"), std::string::npos) << c.summary;
+  EXPECT_NE(c.summary.find("CUDA 0 is nvidia-smi 1"), std::string::npos) << c.summary;
+  EXPECT_NE(c.fix.find("CUDA_DEVICE_ORDER=PCI_BUS_ID"), std::string::npos) << c.fix;
   in.env.cuda_visible_devices = "0";  // CUDA's 0 is the A100, NVML's 1
   c = check_visible_devices(in);
   EXPECT_EQ(c.status, Status::kWarn);
-  EXPECT_NE(c.summary.find("GPUs 1,"), std::string::npos) << c.summary;
+  ASSERT_EQ(c.details.size(), 1u);
+  EXPECT_EQ(c.details[0], "cuda:0 = NVML GPU 1 (NVIDIA A100-SXM4-80GB)") << c.details[0];
   in.env.cuda_device_order = "PCI_BUS_ID";
   EXPECT_EQ(check_visible_devices(in).status, Status::kPass);
 }
