@@ -1,0 +1,383 @@
+// The NVML C functions the loader looks up, answered from the profile that
+// LOCKSTEP_NVML_PROFILE names (read at the first nvmlInit, like a driver's state). A
+// function listed in the profile's "fail" map returns that code instead; fields a profile
+// leaves out answer NVML_ERROR_NOT_SUPPORTED.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+
+#include "standin_profile.h"
+
+#define STANDIN_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using nvml_standin::Device;
+using nvml_standin::Profile;
+
+std::mutex mutex;
+int init_count = 0;  // nvmlInit / nvmlShutdown nest, as NVML's do
+std::optional<Profile> profile;
+
+nvmlReturn_t init(const char* function) {
+  std::lock_guard lock(mutex);
+  if (init_count > 0) {
+    ++init_count;
+    return NVML_SUCCESS;
+  }
+  const char* path = std::getenv("LOCKSTEP_NVML_PROFILE");
+  if (path == nullptr || *path == '\0') {
+    std::fprintf(stderr, "nvml stand-in: LOCKSTEP_NVML_PROFILE names no profile file\n");
+    return NVML_ERROR_UNKNOWN;
+  }
+  try {
+    Profile loaded = nvml_standin::load_profile(path);
+    if (nvmlReturn_t code = loaded.failure(function, nullptr); code != NVML_SUCCESS) return code;
+    profile = std::move(loaded);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nvml stand-in: %s\n", e.what());
+    return NVML_ERROR_UNKNOWN;
+  }
+  ++init_count;
+  return NVML_SUCCESS;
+}
+
+// Runs `answer` under the lock once NVML is initialized and the profile lets `function` succeed.
+template <typename Answer>
+nvmlReturn_t system_call(const char* function, Answer answer) {
+  std::lock_guard lock(mutex);
+  if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+  if (nvmlReturn_t code = profile->failure(function, nullptr); code != NVML_SUCCESS) return code;
+  return answer(*profile);
+}
+
+template <typename Answer>
+nvmlReturn_t device_call(const char* function, nvmlDevice_t handle, Answer answer) {
+  std::lock_guard lock(mutex);
+  if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+  for (auto& device : profile->devices) {
+    if (reinterpret_cast<nvmlDevice_t>(&device) != handle) continue;
+    if (nvmlReturn_t code = profile->failure(function, &device); code != NVML_SUCCESS) return code;
+    return answer(device);
+  }
+  return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t copy_string(const std::string& text, char* out, unsigned length) {
+  if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (text.size() + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+  std::memcpy(out, text.c_str(), text.size() + 1);
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t string_field(Device& device, const char* key, char* out, unsigned length) {
+  if (!device.fields.contains(key)) return NVML_ERROR_NOT_SUPPORTED;
+  return copy_string(device.fields[key].get<std::string>(), out, length);
+}
+
+template <typename T>
+nvmlReturn_t reading(Device& device, const std::string& path, T* out) {
+  if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  uint64_t value = 0;
+  if (!device.take(path, value)) return NVML_ERROR_NOT_SUPPORTED;
+  *out = static_cast<T>(value);
+  return NVML_SUCCESS;
+}
+
+template <typename Info>
+nvmlReturn_t processes(Device& device, unsigned* count, Info* infos) {
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  const unsigned capacity = *count;
+  *count = static_cast<unsigned>(device.processes.size());
+  if (device.processes.size() > capacity) return NVML_ERROR_INSUFFICIENT_SIZE;
+  if (device.processes.empty()) return NVML_SUCCESS;
+  if (infos == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  for (size_t k = 0; k < device.processes.size(); ++k) {
+    Info info{};
+    info.pid = device.processes[k].pid;
+    info.usedGpuMemory = device.processes[k].used;
+    if constexpr (sizeof(Info) == sizeof(nvmlProcessInfo_t)) {
+      info.gpuInstanceId = 0xFFFFFFFF;
+      info.computeInstanceId = 0xFFFFFFFF;
+    }
+    infos[k] = info;
+  }
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t memory(Device& device, unsigned long long& total, unsigned long long& reserved, unsigned long long& used) {
+  uint64_t value = 0;
+  if (!device.take("/memory/total", value)) return NVML_ERROR_NOT_SUPPORTED;
+  total = value;
+  reserved = device.take("/memory/reserved", value) ? value : 0;
+  used = device.take("/memory/used", value) ? value : 0;
+  return NVML_SUCCESS;
+}
+
+// Links are answered only by GPUs that have some; others say Not Supported, like PCIe GPUs.
+template <typename Answer>
+nvmlReturn_t on_link(Device& device, unsigned link, Answer answer) {
+  if (device.links.empty()) return NVML_ERROR_NOT_SUPPORTED;
+  if (link >= device.links.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  return answer(device.links[link]);
+}
+
+nvmlGpuTopologyLevel_t ancestor_level(const std::string& entry) {
+  if (entry == "X") return NVML_TOPOLOGY_INTERNAL;
+  if (entry == "PIX") return NVML_TOPOLOGY_SINGLE;
+  if (entry == "PXB") return NVML_TOPOLOGY_MULTIPLE;
+  if (entry == "PHB") return NVML_TOPOLOGY_HOSTBRIDGE;
+  if (entry == "NODE") return NVML_TOPOLOGY_NODE;
+  return NVML_TOPOLOGY_SYSTEM;  // SYS, and NVLink pairs (the profile gives no PCIe path for them)
+}
+
+}  // namespace
+
+STANDIN_EXPORT nvmlReturn_t nvmlInit_v2(void) { return init(__func__); }
+STANDIN_EXPORT nvmlReturn_t nvmlInit(void) { return init(__func__); }
+
+STANDIN_EXPORT nvmlReturn_t nvmlShutdown(void) {
+  std::lock_guard lock(mutex);
+  if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+  if (--init_count == 0) profile.reset();
+  return NVML_SUCCESS;
+}
+
+STANDIN_EXPORT const char* nvmlErrorString(nvmlReturn_t code) { return nvml_standin::error_string(code); }
+
+STANDIN_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned length) {
+  return system_call(__func__, [&](Profile& p) { return copy_string(p.driver_version, version, length); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char* version, unsigned length) {
+  return system_call(__func__, [&](Profile& p) { return copy_string(p.nvml_version, version, length); });
+}
+static nvmlReturn_t cuda_driver_version(const char* function, int* version) {
+  return system_call(function, [&](Profile& p) {
+    if (version == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    *version = p.cuda_driver_version;
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int* version) {
+  return cuda_driver_version(__func__, version);
+}
+STANDIN_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* version) {
+  return cuda_driver_version(__func__, version);
+}
+
+static nvmlReturn_t device_count(const char* function, unsigned* count) {
+  return system_call(function, [&](Profile& p) {
+    if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = static_cast<unsigned>(p.devices.size());
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned* count) { return device_count(__func__, count); }
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned* count) { return device_count(__func__, count); }
+
+static nvmlReturn_t handle_by_index(const char* function, unsigned index, nvmlDevice_t* device) {
+  return system_call(function, [&](Profile& p) {
+    if (device == nullptr || index >= p.devices.size()) return NVML_ERROR_INVALID_ARGUMENT;
+    if (nvmlReturn_t code = p.failure(function, &p.devices[index]); code != NVML_SUCCESS) return code;
+    *device = reinterpret_cast<nvmlDevice_t>(&p.devices[index]);
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned index, nvmlDevice_t* device) {
+  return handle_by_index(__func__, index, device);
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t* device) {
+  return handle_by_index(__func__, index, device);
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t h, char* name, unsigned length) {
+  return device_call(__func__, h, [&](Device& d) { return string_field(d, "name", name, length); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char* uuid, unsigned length) {
+  return device_call(__func__, h, [&](Device& d) { return string_field(d, "uuid", uuid, length); });
+}
+static nvmlReturn_t pci_info(const char* function, nvmlDevice_t h, nvmlPciInfo_t* pci) {
+  return device_call(function, h, [&](Device& d) {
+    if (pci == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    *pci = d.pci;
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t h, nvmlPciInfo_t* pci) {
+  return pci_info(__func__, h, pci);
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t* pci) {
+  return pci_info(__func__, h, pci);
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t h, int* major, int* minor) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (major == nullptr || minor == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d.fields.contains("compute_capability")) return NVML_ERROR_NOT_SUPPORTED;
+    const std::string text = d.fields["compute_capability"].get<std::string>();  // "8.0"
+    if (std::sscanf(text.c_str(), "%d.%d", major, minor) != 2) return NVML_ERROR_UNKNOWN;
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t h, unsigned* cores) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/cuda_cores", cores); });
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t* out) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long total = 0, reserved = 0, used = 0;
+    if (nvmlReturn_t code = memory(d, total, reserved, used); code != NVML_SUCCESS) return code;
+    out->total = total;
+    out->used = used + reserved;  // v1 counts what the driver reserves as used
+    out->free = total - reserved - used;
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t* out) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    if (out->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned long long total = 0, reserved = 0, used = 0;
+    if (nvmlReturn_t code = memory(d, total, reserved, used); code != NVML_SUCCESS) return code;
+    out->total = total;
+    out->reserved = reserved;
+    out->used = used;
+    out->free = total - reserved - used;
+    return NVML_SUCCESS;
+  });
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t* out) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    if (nvmlReturn_t code = reading(d, "/utilization/gpu", &out->gpu); code != NVML_SUCCESS) return code;
+    return reading(d, "/utilization/memory", &out->memory);
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t h, nvmlTemperatureSensors_t sensor, unsigned* c) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    return reading(d, "/temperature_c", c);
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t h, unsigned* mw) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/power_mw", mw); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t h, unsigned* mw) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/power_limit_mw", mw); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t h, nvmlClockType_t type, unsigned* mhz) {
+  return device_call(__func__, h, [&](Device& d) {
+    return type == NVML_CLOCK_SM ? reading(d, "/sm_clock_mhz", mhz) : NVML_ERROR_NOT_SUPPORTED;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t h, nvmlClockType_t type, unsigned* mhz) {
+  return device_call(__func__, h, [&](Device& d) {
+    return type == NVML_CLOCK_SM ? reading(d, "/sm_clock_max_mhz", mhz) : NVML_ERROR_NOT_SUPPORTED;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t h, unsigned long long* reasons) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/throttle_reasons", reasons); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t h, unsigned long long* reasons) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/throttle_reasons", reasons); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t h, nvmlEnableState_t* mode) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/persistence_mode", mode); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t h, nvmlEnableState_t* current,
+                                                 nvmlEnableState_t* pending) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (pending == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t code = reading(d, "/ecc/enabled", current);
+    if (code == NVML_SUCCESS) *pending = *current;
+    return code;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t h, nvmlMemoryErrorType_t type,
+                                                        nvmlEccCounterType_t counter, unsigned long long* count) {
+  return device_call(__func__, h, [&](Device& d) {
+    uint64_t enabled = 0;
+    if (!d.take("/ecc/enabled", enabled) || enabled == 0) return NVML_ERROR_NOT_SUPPORTED;
+    const char* which = type == NVML_MEMORY_ERROR_TYPE_CORRECTED ? "corrected" : "uncorrected";
+    const char* scope = counter == NVML_VOLATILE_ECC ? "volatile" : "aggregate";
+    return reading(d, std::string("/ecc/") + which + "_" + scope, count);
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t h, nvmlPageRetirementCause_t cause, unsigned* count,
+                                                      unsigned long long* addresses) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned pages = 0;
+    const char* path = cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR ? "/retired_pages/double_bit"
+                                                                                : "/retired_pages/single_bit";
+    if (nvmlReturn_t code = reading(d, path, &pages); code != NVML_SUCCESS) return code;
+    const unsigned capacity = *count;
+    *count = pages;
+    if (pages > capacity) return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned k = 0; k < pages; ++k) addresses[k] = 0x1a2b000ULL + 0x1000ULL * k;
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t h, nvmlEnableState_t* pending) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/retired_pages/pending", pending); });
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t h, unsigned* count,
+                                                                 nvmlProcessInfo_v1_t* infos) {
+  return device_call(__func__, h, [&](Device& d) { return processes(d, count, infos); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t h, unsigned* count,
+                                                                    nvmlProcessInfo_t* infos) {
+  return device_call(__func__, h, [&](Device& d) { return processes(d, count, infos); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned* count,
+                                                                    nvmlProcessInfo_t* infos) {
+  return device_call(__func__, h, [&](Device& d) { return processes(d, count, infos); });
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t h, unsigned link, nvmlEnableState_t* active) {
+  return device_call(__func__, h, [&](Device& d) {
+    return on_link(d, link, [&](const nvml_standin::Link&) {
+      *active = NVML_FEATURE_ENABLED;
+      return NVML_SUCCESS;
+    });
+  });
+}
+static nvmlReturn_t remote_pci(const char* function, nvmlDevice_t h, unsigned link, nvmlPciInfo_t* pci) {
+  return device_call(function, h, [&](Device& d) {
+    return on_link(d, link, [&](const nvml_standin::Link& l) {
+      *pci = l.remote;
+      return NVML_SUCCESS;
+    });
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t h, unsigned link, nvmlPciInfo_t* pci) {
+  return remote_pci(__func__, h, link, pci);
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t h, unsigned link, nvmlPciInfo_t* pci) {
+  return remote_pci(__func__, h, link, pci);
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t h, unsigned link,
+                                                                nvmlIntNvLinkDeviceType_t* type) {
+  return device_call(__func__, h, [&](Device& d) {
+    return on_link(d, link, [&](const nvml_standin::Link& l) {
+      *type = l.remote_type;
+      return NVML_SUCCESS;
+    });
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b,
+                                                                nvmlGpuTopologyLevel_t* level) {
+  return device_call(__func__, a, [&](Device& first) {
+    if (profile->topology.empty()) return NVML_ERROR_NOT_SUPPORTED;
+    for (const auto& second : profile->devices) {
+      if (reinterpret_cast<nvmlDevice_t>(const_cast<Device*>(&second)) != b) continue;
+      *level = ancestor_level(profile->topology[first.index][second.index]);
+      return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+  });
+}
