@@ -68,8 +68,10 @@ std::string device_header() {
 }
 
 std::string device_row(const gpu::GpuDevice& device, std::optional<unsigned> cuda_index) {
-  const std::string memory =
-      std::to_string(device.memory_used / kMiB) + " / " + std::to_string(device.memory_total / kMiB) + " MiB";
+  // A total of 0 means the memory call failed (the device's `unavailable` says why).
+  const std::string memory = device.memory_total == 0 ? "-"
+                                                      : std::to_string(device.memory_used / kMiB) + " / " +
+                                                            std::to_string(device.memory_total / kMiB) + " MiB";
   const std::string power = watts(device.power_mw) + " / " + watts(device.power_limit_mw) + " W";
   const std::string throttle = device.throttle_reasons ? gpu::throttle_reason_names(*device.throttle_reasons) : "-";
   return format("%3u %4s %-24.24s %4s %7s %19s %5s %13s %9s  %s", device.index,
@@ -81,6 +83,8 @@ std::string device_row(const gpu::GpuDevice& device, std::optional<unsigned> cud
 
 std::vector<std::string> process_rows(const gpu::GpuDevice& device) {
   std::vector<std::string> rows;
+  // Why columns are blank: the NVML calls that failed, with NVML's words.
+  for (const std::string& failed : device.unavailable) rows.push_back("         unavailable: " + failed);
   for (const gpu::GpuProcess& process : device.processes) {
     const std::string memory = process.used_bytes ? std::to_string(*process.used_bytes / kMiB) + " MiB" : "? MiB";
     const std::string who =

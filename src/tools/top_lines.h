@@ -24,8 +24,9 @@ std::string cpu_view_reason(const TopSample& sample);
 std::string device_header();
 // "  0    0 NVIDIA A100-SXM4-80GB       97%    45%  71234 / 81920 MiB   64C  312 / 400 W  1410 MHz  none"
 std::string device_row(const gpu::GpuDevice& device, std::optional<unsigned> cuda_index);
-// One row per process: "pid 12345  71000 MiB  alice  python train.py", or for a process
-// from another PID namespace, a row that says so.
+// One row per NVML call that failed for the device ("unavailable: nvmlDeviceGetPowerUsage:
+// Unknown Error"), then one per process: "pid 12345  71000 MiB  alice  python train.py", or
+// for a process from another PID namespace, a row that says so.
 std::vector<std::string> process_rows(const gpu::GpuDevice& device);
 
 std::string core_header();

@@ -39,6 +39,11 @@ std::optional<std::string> watts(const std::optional<unsigned>& milliwatts) {
   return out;
 }
 
+// Framebuffer figures in MiB; none when the memory call failed (total 0).
+std::optional<std::string> mib(const gpu::GpuDevice& d, uint64_t bytes) {
+  return d.memory_total == 0 ? std::nullopt : std::optional<std::string>(std::to_string(bytes / kMiB));
+}
+
 // dcgm-exporter's names (etc/default-counters.csv and the DCGM field list).
 const std::vector<Metric>& metrics() {
   static const std::vector<Metric> kMetrics = {
@@ -55,11 +60,11 @@ const std::vector<Metric>& metrics() {
       {"DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
        [](const gpu::GpuDevice& d) { return text(d.utilization_memory); }},
       {"DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
-       [](const gpu::GpuDevice& d) { return std::optional<std::string>(std::to_string(d.memory_free / kMiB)); }},
+       [](const gpu::GpuDevice& d) { return mib(d, d.memory_free); }},
       {"DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
-       [](const gpu::GpuDevice& d) { return std::optional<std::string>(std::to_string(d.memory_used / kMiB)); }},
+       [](const gpu::GpuDevice& d) { return mib(d, d.memory_used); }},
       {"DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
-       [](const gpu::GpuDevice& d) { return std::optional<std::string>(std::to_string(d.memory_reserved / kMiB)); }},
+       [](const gpu::GpuDevice& d) { return mib(d, d.memory_reserved); }},
       {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons.",
        [](const gpu::GpuDevice& d) { return text(d.throttle_reasons); }},
       {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",

@@ -22,8 +22,9 @@ std::string fit_columns(const std::string& line, size_t columns) {
 
 std::vector<std::string> screen_lines(const TopSample& sample, const History& history, size_t columns, size_t rows) {
   std::vector<std::string> lines;
-  lines.push_back("lockstep top  " + local_time(sample.taken) + "  " +
-                  (sample.shows_gpus() ? driver_line(sample) : std::string("CPU view")) + "   (q quits)");
+  // "q quits" first: a long library path must not push it off a narrow screen.
+  lines.push_back("lockstep top  (q quits)  " + local_time(sample.taken) + "  " +
+                  (sample.shows_gpus() ? driver_line(sample) : std::string("CPU view")));
   if (sample.shows_gpus()) {
     if (!sample.order_warning.empty()) lines.push_back("WARNING " + sample.order_warning);
     lines.push_back(device_header());
