@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "lockstep/core/error.h"
+#include "lockstep/gpu/device_order.h"
 #include "lockstep/gpu/nvml.h"
 #include "tools/commands.h"
 #include "tools/cpu_usage.h"
@@ -74,6 +75,15 @@ std::string nvml_library_tried() {
   return chosen != nullptr && *chosen != '\0' ? chosen : "libnvidia-ml.so.1";
 }
 
+// CUDA's number for each GPU (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER as this process
+// sees them), and one warning line when it differs from NVML's.
+void add_cuda_order(TopSample& sample) {
+  const gpu::CudaDevices cuda = gpu::cuda_devices_from_environment(sample.gpus);
+  for (const gpu::GpuDevice& device : sample.gpus.devices) sample.cuda_index.push_back(cuda.cuda_index(device.index));
+  for (const std::string& problem : cuda.problems)
+    sample.order_warning += (sample.order_warning.empty() ? "" : "; ") + problem;
+}
+
 class Sampler {
  public:
   TopSample take() {
@@ -86,6 +96,7 @@ class Sampler {
       sample.cpu = cpu_->read();
     }
     sample.alerts = find_alerts(sample.gpus);
+    if (sample.shows_gpus()) add_cuda_order(sample);
     return sample;
   }
 

@@ -134,6 +134,15 @@ TEST(TopCommand, JsonOnTheStandinMatchesTheProfile) {
       << "uuid not from the profile";
 }
 
+TEST(TopCommand, ShowsCudasIndexBesideNvmlsUnderCudaVisibleDevices) {
+  // CUDA numbers the GPUs CUDA_VISIBLE_DEVICES names in its order; the others get none.
+  const Result r = top(standin("h100-8x.json") + "CUDA_VISIBLE_DEVICES=3,1 ", "--once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n  3    0 NVIDIA H100"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  1    1 NVIDIA H100"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  0    - NVIDIA H100"), std::string::npos) << r.output;
+}
+
 TEST(TopCommand, SharedServerShowsOtherUsersProcesses) {
   const Result r = top(standin("shared-server.json"), "--once");
   ASSERT_EQ(r.exit_code, 0) << r.output;
