@@ -17,6 +17,7 @@ void print_usage(FILE* out) {
                "  train     train a model (Fashion-MNIST CNN by default); see 'lockstep train --help'\n"
                "  run       one process per device for any program (torchrun's contract); see 'lockstep run --help'\n"
                "  doctor    is this machine ready: GPUs, driver vs CUDA/NCCL, topology, /dev/shm, ...; exit 0/1/2\n"
+               "  top       live per-GPU utilization, memory, power, processes; logs and Prometheus; see 'lockstep top --help'\n"
                "  bench     benchmarks beside their references; 'lockstep bench collectives --help'\n"
                "  version   print the version\n");
 }
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
     if (command == "bench") return lockstep::tools::bench_main(args);
     if (command == "run") return lockstep::tools::run_main(args);
     if (command == "doctor") return lockstep::tools::doctor_main(args);
+    if (command == "top") return lockstep::tools::top_main(args);
     if (command == "version" || command == "--version") {
       std::printf("lockstep %s\n", LOCKSTEP_VERSION);
       return 0;
