@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 
 #include "lockstep/core/error.h"
+#include "lockstep/gpu/device_order.h"
 #include "lockstep/gpu/gpu_selection.h"
 #include "lockstep/gpu/nvml.h"
 #include "tools/byte_size.h"
@@ -56,6 +58,9 @@ GpuAssignment assign_gpus(const GpuAsk& ask, const volatile bool& interrupted) {
   request.min_free_bytes = ask.min_free_bytes;
   request.uid = static_cast<uint32_t>(getuid());
   if (!ask.gpus.empty() && ask.gpus != "auto") request.indices = gpu::parse_gpu_list(ask.gpus);
+  // GPUs the launcher itself was given (a scheduler's CUDA_VISIBLE_DEVICES) bound the choice.
+  if (std::getenv("CUDA_VISIBLE_DEVICES") != nullptr)
+    request.allowed = gpu::cuda_devices_from_environment(state).visible;
 
   const Clock::time_point start = Clock::now();
   std::string last_reason;
@@ -64,7 +69,9 @@ GpuAssignment assign_gpus(const GpuAsk& ask, const volatile bool& interrupted) {
     if (!selection.chosen.empty()) return assignment(state, selection.chosen);
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (ask.wait_seconds >= 0 && waited >= ask.wait_seconds) {
-      LOCKSTEP_FAIL() << "the GPUs asked for are not free after " << waited << " s: " << selection.waiting_for
+      LOCKSTEP_FAIL() << "the GPUs asked for are not free"
+                      << (waited >= 1 ? " after " + std::to_string(std::lround(waited)) + " s" : std::string()) << ": "
+                      << selection.waiting_for
                       << " (wait longer with --wait SECONDS, lower --min-free-memory, or name GPUs with --gpus)";
     }
     if (selection.waiting_for != last_reason) {
