@@ -2,7 +2,10 @@
 // stdout and stderr together, plain or under mpirun.
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +37,37 @@ inline Result run_shell(const std::string& command_line) {
 
 // `lockstep <arguments>`.
 inline Result run(const std::string& arguments) { return run_shell(kBinary + " " + arguments); }
+
+// An environment assignment under which NVML cannot load: the host looks GPU-less
+// whatever it has.
+inline const std::string kNoNvml = "LOCKSTEP_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1";
+
+// A TCP port someone listens on (all addresses), for as long as this object lives.
+class BusyPort {
+ public:
+  BusyPort() : fd_(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t length = sizeof(address);
+    if (fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 && listen(fd_, 1) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+      port_ = ntohs(address.sin_port);
+    }
+  }
+  ~BusyPort() { close(); }
+  BusyPort(const BusyPort&) = delete;
+  BusyPort& operator=(const BusyPort&) = delete;
+  int port() const { return port_; }  // 0 when the socket could not be set up
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
 
 inline bool on_path(const std::string& program) {
   return std::system(("command -v " + program + " >/dev/null").c_str()) == 0;

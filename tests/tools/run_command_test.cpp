@@ -2,9 +2,7 @@
 // rank, a failure that stops the group and says which rank, signals that reach the
 // workers, restarts, and real clients (Lockstep's ddp training and a PyTorch DDP script).
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,9 +50,6 @@ class RunCommand : public ::testing::Test {
 
   fs::path root_;
 };
-
-// An NVML library that cannot load: the host looks GPU-less whatever it has.
-const std::string kNoNvml = "LOCKSTEP_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1";
 
 TEST_F(RunCommand, GivesEveryWorkerTorchrunsEnvironmentAndPrefixesItsOutput) {
   const Result r = launch(
@@ -142,18 +137,11 @@ TEST_F(RunCommand, BadInputGetsOneLineAndExitCodeTwo) {
 
 // A --master-port someone listens on is refused before any worker starts.
 TEST_F(RunCommand, RefusesAMasterPortInUse) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  const int port = ntohs(address.sin_port);
+  BusyPort busy;
+  const int port = busy.port();
+  ASSERT_GT(port, 0);
   const Result r = launch("-n 1 --master-port " + std::to_string(port) + " -- echo started");
-  close(fd);
+  busy.close();
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--master-port " + std::to_string(port) + " is not free"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("started"), std::string::npos) << r.output;

@@ -1,9 +1,6 @@
 // `lockstep top` as a user runs it into a pipe: the CPU view on a host without NVML, the
 // GPU view through the stand-in NVML profiles, --json, --log, --serve, and bad input.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -18,7 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace command_testing;
 
-const std::string kNoNvml = "env LOCKSTEP_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 ";
+const std::string kWithoutNvml = "env " + kNoNvml + " ";
 
 Result top(const std::string& env, const std::string& arguments) {
   return run_shell(env + kBinary + " top " + arguments + " </dev/null");
@@ -34,7 +31,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 size_t online_cores() { return static_cast<size_t>(sysconf(_SC_NPROCESSORS_ONLN)); }
 
 TEST(TopCommand, OnceWithoutNvmlShowsTheCpuCoresAndSaysWhy) {
-  const Result r = top(kNoNvml, "--once");
+  const Result r = top(kWithoutNvml, "--once");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("no NVIDIA driver found (/nonexistent/libnvidia-ml.so.1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\ncpu0 "), std::string::npos) << r.output;
@@ -44,7 +41,7 @@ TEST(TopCommand, OnceWithoutNvmlShowsTheCpuCoresAndSaysWhy) {
 }
 
 TEST(TopCommand, JsonCountTwoPrintsTwoObjectsOneLineEach) {
-  const Result r = top(kNoNvml, "--json --count 2 -l 0.1");
+  const Result r = top(kWithoutNvml, "--json --count 2 -l 0.1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto lines = lines_of(r.output);
   ASSERT_EQ(lines.size(), 2u) << r.output;
@@ -59,7 +56,7 @@ TEST(TopCommand, JsonCountTwoPrintsTwoObjectsOneLineEach) {
 TEST(TopCommand, LogsEverySampleBesideThePlainOutput) {
   const fs::path path = fs::temp_directory_path() / ("lockstep-top-command-" + std::to_string(getpid()) + ".csv");
   fs::remove(path);
-  const Result r = top(kNoNvml, "--count 2 -l 0.1 --log " + path.string());
+  const Result r = top(kWithoutNvml, "--count 2 -l 0.1 --log " + path.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\ncpu0 "), std::string::npos) << r.output;
   std::ifstream in(path);
@@ -80,24 +77,18 @@ TEST(TopCommand, BadInputIsAUsageErrorThatSaysWhatIsWrong) {
                         Case{"-l soon", "--interval expects a number"}, Case{"--bogus", "unknown option --bogus"},
                         Case{"--log samples.txt", "must end in .csv or .jsonl"},
                         Case{"--count -2", "--count must be 0"}, Case{"--serve 9400", "expected :PORT or HOST:PORT"}}) {
-    const Result r = top(kNoNvml, c.arguments);
+    const Result r = top(kWithoutNvml, c.arguments);
     EXPECT_EQ(r.exit_code, 2) << c.arguments << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.arguments << "\n" << r.output;
   }
 }
 
 TEST(TopCommand, ServeOnAPortInUseNamesThePort) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  const int port = ntohs(address.sin_port);
-  const Result r = top(kNoNvml, "--once --serve 127.0.0.1:" + std::to_string(port));
-  close(fd);
+  BusyPort busy;
+  const int port = busy.port();
+  ASSERT_GT(port, 0);
+  const Result r = top(kWithoutNvml, "--once --serve 127.0.0.1:" + std::to_string(port));
+  busy.close();
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("port " + std::to_string(port) + " is in use"), std::string::npos) << r.output;
 }
