@@ -8,14 +8,6 @@
 #include "lockstep/parallel/gradient_tree.h"
 
 namespace lockstep::parallel {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-}  // namespace
-
 DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
                            const OptimizerFactory& make_optimizer)
     : options_(options) {
@@ -73,7 +65,7 @@ int64_t DataParallel::optimizer_state_bytes(int device) const {
 void DataParallel::run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample,
                               uint64_t step, uint64_t seed, StepResult& result) {
   DeviceTimes& times = result.devices[static_cast<size_t>(device)];
-  Clock::time_point start = Clock::now();
+  StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   nn::Module& model = *replicas_[device];
   const FlatGradients& gradients = gradients_[static_cast<size_t>(device)];
@@ -91,16 +83,16 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   times.compute = seconds_since(start);
 
   comm::Communicator& comm = *comms_[device];
-  start = Clock::now();
+  start = StepClock::now();
   comm.barrier();  // so the wait for the slowest device is not counted as communication
   times.wait = seconds_since(start);
-  start = Clock::now();
+  start = StepClock::now();
   comm.all_reduce(sums[1]);  // the loss
   if (device == 0) result.loss = sums[1].data<double>()[0];
   if (!options_.zero1) {
     comm.all_reduce(sums[0]);
     times.communicate = seconds_since(start);
-    start = Clock::now();
+    start = StepClock::now();
     gradients.give(sums[0]);
     optimizers_[device]->step();
     optimizers_[device]->zero_grad();

@@ -7,10 +7,6 @@
 namespace lockstep::parallel {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
 // Buckets over the parameters in reverse order (backward's order), each closed once it
 // holds `limit` bytes: the first with first_limit, so the first all-reduce starts early.
 std::vector<GradientBucket> plan_buckets(const FlatGradients& gradients, int64_t first_limit, int64_t limit) {
@@ -139,7 +135,7 @@ StepResult DistributedDataParallel::step(const Tensor& images, const Tensor& lab
 void DistributedDataParallel::run_step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
                                        uint64_t seed, StepResult& result) {
   DeviceTimes& times = result.devices[0];
-  Clock::time_point start = Clock::now();
+  StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   const int64_t local = images.size(0);
   LOCKSTEP_CHECK(labels.size(0) == local) << "images hold " << local << " samples but labels " << labels.size(0);
@@ -180,7 +176,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   }
   times.compute = seconds_since(start);
 
-  start = Clock::now();
+  start = StepClock::now();
   for (const comm::Work& work : works_) work.wait();
   works_.clear();
   tree_.clear();
@@ -189,7 +185,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   result.loss = loss.data<double>()[0];
   if (!sharded_) {
     times.communicate = seconds_since(start);
-    start = Clock::now();
+    start = StepClock::now();
     gradients_.give(last_leaf_);
     optimizer_->step();
     optimizer_->zero_grad();

@@ -1,6 +1,5 @@
 #include "lockstep/parallel/sharded_optimizer.h"
 
-#include <chrono>
 #include <map>
 
 #include "lockstep/ops/ops.h"
@@ -23,23 +22,19 @@ ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicat
 }
 
 void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times) {
-  using Clock = std::chrono::steady_clock;
-  const auto seconds_since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
-  Clock::time_point start = Clock::now();
+  StepClock::time_point start = StepClock::now();
   {
     // The gradient shard is freed before the weights are gathered.
     const Tensor grad_shard = Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
     comm_.reduce_scatter(gradients, grad_shard);
     times.communicate += seconds_since(start);
-    start = Clock::now();
+    start = StepClock::now();
     shard_.set_grad(grad_shard);
     optimizer_->step();
     optimizer_->zero_grad();
     times.optimizer += seconds_since(start);
   }
-  start = Clock::now();
+  start = StepClock::now();
   comm_.all_gather(shard_, weights_);  // in place: the shard is its own slice of weights_
   times.communicate += seconds_since(start);
 }

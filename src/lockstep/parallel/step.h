@@ -2,6 +2,7 @@
 // the tree, and what a step reports (its loss and where each device's time went).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,6 +19,12 @@ struct DeviceTimes {
   double communicate = 0;  // the all-reduce itself (with overlap: the part backward did not hide)
   double optimizer = 0;    // the optimizer step
 };
+
+using StepClock = std::chrono::steady_clock;
+// Seconds from `start` until now: what DeviceTimes counts.
+inline double seconds_since(StepClock::time_point start) {
+  return std::chrono::duration<double>(StepClock::now() - start).count();
+}
 
 struct StepResult {
   double loss = 0;  // mean cross-entropy over the global batch, summed in tree order
