@@ -3,19 +3,21 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "lockstep/comm/env_sizes.h"
+#include "lockstep/core/error.h"
 #include "tools/doctor_checks.h"
 
 namespace lockstep::tools {
 namespace {
 
-// Each rank of the shm backend maps a staging segment of this size (shm_communicator.cpp).
+// Each rank of the shm backend maps a staging segment of this size; a value the backend
+// would refuse counts as the default here (the backend's own error names it at start).
 uint64_t shm_staging_bytes(const DoctorEnv& env) {
-  if (env.shm_staging_bytes) {
-    char* end = nullptr;
-    const long long value = std::strtoll(env.shm_staging_bytes->c_str(), &end, 10);
-    if (end != env.shm_staging_bytes->c_str() && *end == '\0' && value >= 4096) return static_cast<uint64_t>(value);
+  try {
+    return comm::shm_staging_bytes(env.shm_staging_bytes);
+  } catch (const Error&) {
+    return comm::shm_staging_bytes(std::nullopt);
   }
-  return uint64_t{4} << 20;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "lockstep/comm/env_sizes.h"
 #include "lockstep/comm/tree_reduce.h"
 
 #if defined(__x86_64__)
@@ -35,22 +36,11 @@ double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.cou
 
 }  // namespace
 
-namespace {
-
-size_t direct_bytes_from_env() {
-  const char* text = std::getenv("LOCKSTEP_DIRECT_ALLREDUCE_BYTES");
-  if (!text) return kDirectAllReduceBytes;
-  char* end = nullptr;
-  const long long value = std::strtoll(text, &end, 10);
-  LOCKSTEP_CHECK(end != text && *end == '\0' && value >= 0)
-      << "LOCKSTEP_DIRECT_ALLREDUCE_BYTES must be a byte count, got '" << text << "'";
-  return static_cast<size_t>(value);
-}
-
-}  // namespace
-
 OneHostCommunicator::OneHostCommunicator(int rank, int size, void* control)
-    : Communicator(rank, size), layout_(size), control_(control), direct_bytes_(direct_bytes_from_env()) {}
+    : Communicator(rank, size),
+      layout_(size),
+      control_(control),
+      direct_bytes_(direct_all_reduce_bytes(env_value("LOCKSTEP_DIRECT_ALLREDUCE_BYTES"), kDirectAllReduceBytes)) {}
 
 OneHostCommunicator::~OneHostCommunicator() = default;
 

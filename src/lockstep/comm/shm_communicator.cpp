@@ -12,6 +12,8 @@
 #include <random>
 #include <sstream>
 
+#include "lockstep/comm/env_sizes.h"
+
 namespace lockstep::comm {
 
 // One allocation of every rank, mapped into this process: bases[r] is rank r's part.
@@ -30,16 +32,6 @@ struct ShmRegionTable {
 };
 
 namespace {
-
-size_t staging_bytes_from_env() {
-  const char* text = std::getenv("LOCKSTEP_SHM_STAGING_BYTES");
-  if (!text) return size_t{4} << 20;
-  char* end = nullptr;
-  const long long value = std::strtoll(text, &end, 10);
-  LOCKSTEP_CHECK(end != text && *end == '\0' && value >= 4096)
-      << "LOCKSTEP_SHM_STAGING_BYTES must be a byte count of at least 4096, got '" << text << "'";
-  return static_cast<size_t>(value) / 64 * 64;
-}
 
 std::string host_name() {
   char name[256] = {};
@@ -75,7 +67,7 @@ std::shared_ptr<ShmCommunicator> ShmCommunicator::create(std::shared_ptr<Store> 
   }
   if (rank == 0) store->set(prefix + "/names", new_name_base());
   const std::string base = store->get(prefix + "/names", timeout);
-  const size_t staging = staging_bytes_from_env();
+  const size_t staging = shm_staging_bytes(env_value("LOCKSTEP_SHM_STAGING_BYTES"));
   const GroupLayout layout(size);
   const std::string control_name = base + "-control";
 
