@@ -174,6 +174,13 @@ TEST(TextDataset, ValidationIsReadInOrder) {
   while (auto batch = loader.next()) {
     for (int64_t i : batch->indices) EXPECT_EQ(i, next_index++);
     for (int64_t b : batch->images.to_vector<int64_t>()) read += static_cast<char>(b);
+    const std::vector<int64_t> tokens = batch->images.to_vector<int64_t>();
+    const std::vector<int64_t> targets = batch->labels.to_vector<int64_t>();
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const size_t at = static_cast<size_t>(batch->first_position) * 10 + k;
+      ASSERT_EQ(tokens[k], static_cast<unsigned char>(text[at])) << at;
+      ASSERT_EQ(targets[k], static_cast<unsigned char>(text[at + 1])) << at;
+    }
   }
   EXPECT_EQ(next_index, 100);
   EXPECT_EQ(read, text.substr(0, 1000));
