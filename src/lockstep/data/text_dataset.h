@@ -51,7 +51,8 @@ TextSplits load_text(const std::string& data_path = "");
 
 // Windows of a text at stride `context`: sample i reads bytes [i*T, i*T + T + 1), its tokens
 // the first T and its targets the last T. Windows overlap in one byte only (the last target of
-// one is the first token of the next), so every byte but the first is a target exactly once.
+// one is the first token of the next), so every byte but the first is a target exactly once,
+// up to the (bytes - 1) % T left over at the end, which no window reads.
 // N = (bytes - 1) / T; a text too short for one window is an Error.
 int64_t text_window_count(int64_t bytes, int64_t context);
 
