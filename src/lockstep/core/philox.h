@@ -14,6 +14,7 @@ enum class RngStream : uint64_t {
   init = 1,     // parameter initialization (counter space split per parameter)
   shuffle = 2,  // data order, per epoch
   dropout = 3,  // dropout masks, per sample
+  sample = 4,   // text generation, per position (nn::generate)
   user = 100,
 };
 

@@ -6,6 +6,7 @@
 #include "lockstep/nn/dropout.h"
 #include "lockstep/nn/embedding.h"
 #include "lockstep/nn/flatten.h"
+#include "lockstep/nn/gpt.h"
 #include "lockstep/nn/init.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/models.h"
