@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -254,6 +255,21 @@ TEST(GptGenerate, SamplingIsReproduciblePerSeedAndPosition) {
   // A near-zero temperature is the greedy choice.
   EXPECT_EQ(nn::generate(model, prompt, 8, 1e-6, 42), nn::generate(model, prompt, 8, 0.0, 42));
   EXPECT_NE(thrown_message([&] { nn::generate(model, {}, 1, 1.0, 0); }).find("at least one token"), std::string::npos);
+}
+
+TEST(GptGenerate, SampleTokenFollowsTheTemperedSoftmax) {
+  // softmax([0, log 3]) = [0.25, 0.75]: u below 0.25 picks 0, above picks 1.
+  const std::vector<float> logits = {0.0f, static_cast<float>(std::log(3.0))};
+  EXPECT_EQ(nn::sample_token(logits, 1.0, 0.0), 0);
+  EXPECT_EQ(nn::sample_token(logits, 1.0, 0.2499), 0);
+  EXPECT_EQ(nn::sample_token(logits, 1.0, 0.2501), 1);
+  EXPECT_EQ(nn::sample_token(logits, 1.0, 0.9999), 1);
+  // Temperature 2: probabilities proportional to [1, sqrt 3], so p0 = 1 / (1 + sqrt 3) = 0.366.
+  EXPECT_EQ(nn::sample_token(logits, 2.0, 0.365), 0);
+  EXPECT_EQ(nn::sample_token(logits, 2.0, 0.367), 1);
+  // A token with zero probability is never picked, even at the top of the range.
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(nn::sample_token({0.0f, 0.0f, -inf}, 1.0, 0.999999), 1);
 }
 
 TEST(GptTraining, AdamWLearnsARepeatedSequence) {

@@ -169,11 +169,10 @@ Tensor gpt_loss(const Tensor& logits, const Tensor& targets) {
   return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}));
 }
 
-namespace {
-
-// Index drawn from softmax(logits / temperature) by inverse CDF with uniform u in [0, 1),
-// all in double so the choice depends on nothing but the logits and u.
-int64_t sample_index(const std::vector<float>& logits, double temperature, double u) {
+int64_t sample_token(const std::vector<float>& logits, double temperature, double u) {
+  LOCKSTEP_CHECK(!logits.empty() && temperature > 0 && u >= 0 && u < 1)
+      << "sample_token: needs logits (got " << logits.size() << "), temperature > 0 (got " << temperature
+      << ") and u in [0, 1) (got " << u << ")";
   double top = -std::numeric_limits<double>::infinity();
   for (const float l : logits) top = std::max(top, static_cast<double>(l));
   std::vector<double> weights(logits.size());
@@ -192,6 +191,8 @@ int64_t sample_index(const std::vector<float>& logits, double temperature, doubl
   }
   return last_possible;  // u * total at the very top, where rounding left the sum short
 }
+
+namespace {
 
 int64_t argmax_index(const std::vector<float>& logits) {
   size_t best = 0;
@@ -227,7 +228,7 @@ std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, in
     } else {
       // Keyed by the position the token takes in the whole sequence.
       Philox rng(seed, static_cast<uint64_t>(RngStream::sample), static_cast<uint64_t>(length));
-      next = sample_index(last, temperature, rng.next_double());
+      next = sample_token(last, temperature, rng.next_double());
     }
     sequence.push_back(next);
     generated.push_back(next);

@@ -97,6 +97,11 @@ class Gpt : public Module {
 // Mean cross-entropy of logits [B, T, V] against targets [B, T] (the next tokens).
 Tensor gpt_loss(const Tensor& logits, const Tensor& targets);
 
+// The token inverse-CDF sampling picks from softmax(logits / temperature) for a uniform u in
+// [0, 1): the first i whose cumulative probability exceeds u, computed in double, so the
+// choice depends on nothing but the logits and u. temperature must be > 0.
+int64_t sample_token(const std::vector<float>& logits, double temperature, double u);
+
 // Appends `count` tokens to `prompt` (non-empty) and returns the new ones. Each is drawn from
 // softmax(logits / temperature) of the last position, with the uniform number from Philox
 // keyed by (seed, RngStream::sample, its position in the whole sequence): the same seed gives
