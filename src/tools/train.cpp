@@ -1,6 +1,7 @@
-// `lockstep train`: trains a built-in model on Fashion-MNIST on every local device, with
-// progress on stderr, metrics.jsonl / checkpoint.safetensors / summary.json under --out,
-// the per-device time table on stderr, and the test accuracy on stdout. Every run, one
+// `lockstep train`: trains a built-in model on every local device — a classifier on
+// Fashion-MNIST, or a GPT on byte-level text (train_task.h) — with progress on stderr,
+// metrics.jsonl / checkpoint.safetensors / summary.json under --out, the per-device time
+// table on stderr, and the test accuracy (the GPT: validation loss and a sample) on stdout. Every run, one
 // device or many, takes the same tree-shaped step (parallel/data_parallel.h), so
 // `weights_sha256` depends on (seed, batch, micro-batch) and not on the device count.
 #include <sys/resource.h>
@@ -14,6 +15,7 @@
 #include "lockstep/core/parallel.h"
 #include "lockstep/data/dataloader.h"
 #include "lockstep/data/fashion_mnist.h"
+#include "lockstep/data/text_dataset.h"
 #include "lockstep/io/safetensors.h"
 #include "lockstep/io/sha256.h"
 #include "lockstep/nn/models.h"
@@ -29,6 +31,7 @@
 #include "tools/run_dir.h"
 #include "tools/train_checkpoint.h"
 #include "tools/train_strategy.h"
+#include "tools/train_task.h"
 
 namespace lockstep::tools {
 namespace {
@@ -41,25 +44,46 @@ struct Evaluation {
   double accuracy = 0;
 };
 
+// Mean loss and accuracy over every prediction: one per image, or one per position of a
+// text window (next-byte accuracy).
 Evaluation evaluate(nn::Module& model, const Dataset& data) {
   NoGradGuard no_grad;
   model.eval();
-  constexpr int64_t kBatch = 1000;
+  const int64_t n = data.size();
+  const int64_t per_sample = n > 0 ? data.labels.numel() / n : 1;
+  const int64_t batch = std::max<int64_t>(1, 1000 / per_sample);  // about a thousand predictions at a time
   double loss_sum = 0;
   int64_t correct = 0;
-  const int64_t n = data.size();
-  for (int64_t start = 0; start < n; start += kBatch) {
-    const int64_t end = std::min(n, start + kBatch);
-    const Tensor images = slice(data.images, 0, start, end);
-    const Tensor labels = slice(data.labels, 0, start, end);
-    const Tensor logits = model(images);
-    loss_sum += cross_entropy(logits, labels, Reduction::sum).item();
-    const auto predicted = argmax(logits, 1).to_vector<int64_t>();
+  for (int64_t start = 0; start < n; start += batch) {
+    const int64_t end = std::min(n, start + batch);
+    const Tensor logits = model(slice(data.images, 0, start, end));
+    const int64_t classes = logits.size(logits.dim() - 1);
+    const int64_t predictions = logits.numel() / classes;
+    const Tensor flat_logits = logits.reshape({predictions, classes});
+    const Tensor labels = slice(data.labels, 0, start, end).contiguous().reshape({predictions});
+    loss_sum += cross_entropy(flat_logits, labels, Reduction::sum).item();
+    const auto predicted = argmax(flat_logits, 1).to_vector<int64_t>();
     const auto truth = labels.to_vector<int64_t>();
     for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == truth[i];
   }
   model.train();
-  return {n ? loss_sum / static_cast<double>(n) : 0.0, n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0};
+  const double total = static_cast<double>(n * per_sample);
+  return {n ? loss_sum / total : 0.0, n ? static_cast<double>(correct) / total : 0.0};
+}
+
+// The sample a trained GPT writes, starting a new fortune ("%\n" ends the one before).
+std::string sample_text(nn::Module& model, const TrainOptions& options) {
+  if (options.sample_bytes <= 0) return "";
+  const std::string prompt = "%\n";
+  const std::vector<int64_t> tokens =
+      nn::generate(dynamic_cast<nn::Gpt&>(model), std::vector<int64_t>(prompt.begin(), prompt.end()),
+                   options.sample_bytes, options.temperature, options.seed);
+  std::string bytes;
+  for (int64_t t : tokens) bytes += static_cast<char>(t);
+  // The model emits bytes, not always whole UTF-8 characters: broken sequences become
+  // U+FFFD, so the sample prints cleanly and fits in summary.json.
+  const std::string quoted = nlohmann::json(bytes).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return nlohmann::json::parse(quoted).get<std::string>();
 }
 
 // SHA-256 over the parameters in state_dict order, raw little-endian bytes: equal hashes
@@ -118,9 +142,17 @@ void check_options(const TrainOptions& options) {
 int train_main(const std::vector<std::string>& args) {
   TrainOptions options;
   Flags flags("train",
-              "Trains a model on Fashion-MNIST and prints its test accuracy. Writes metrics.jsonl,\n"
+              "Trains a model on Fashion-MNIST (cnn, mlp) and prints its test accuracy, or a GPT on byte-level\n"
+              "text (gpt) and prints its validation loss and a sample. Writes metrics.jsonl,\n"
               "checkpoint.safetensors and summary.json under --out.");
-  flags.add("model", &options.model, "cnn or mlp");
+  flags.add("model", &options.model, "cnn or mlp (Fashion-MNIST), gpt (text)");
+  flags.add("preset", &options.preset, "gpt's shape: tiny, small or gpt2-124m");
+  flags.add("layers", &options.layers, "gpt: transformer blocks (default: the preset's)");
+  flags.add("heads", &options.heads, "gpt: attention heads (default: the preset's)");
+  flags.add("width", &options.width, "gpt: embedding width (default: the preset's)");
+  flags.add("context", &options.context, "gpt: tokens (bytes) per window (default: the preset's)");
+  flags.add("sample", &options.sample_bytes, "gpt: bytes to generate after training (0: none)");
+  flags.add("temperature", &options.temperature, "gpt: sampling temperature of the sample (0: greedy)");
   flags.add("epochs", &options.epochs, "passes over the training set");
   flags.add("steps", &options.steps, "optimizer steps to take (default: --epochs worth; 0: only evaluate)");
   flags.add("batch-size", &options.batch_size, "samples per step, over all devices");
@@ -140,7 +172,9 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("lr-schedule", &options.lr_schedule, "constant | step:N[:GAMMA] | cosine[:warmup=N]");
   flags.add("seed", &options.seed, "seed of initialization, data order and dropout");
   flags.add("threads", &options.threads, "compute threads in all, shared by the devices (default: every core)");
-  flags.add("data", &options.data_dir, std::string("Fashion-MNIST folder (default ") + kFashionMnistDefaultDir + ")");
+  flags.add("data", &options.data_dir,
+            std::string("Fashion-MNIST folder (default ") + kFashionMnistDefaultDir + "); gpt: a text file (default " +
+                "the fortunes under " + kFortunesDefaultDir + ")");
   flags.add("out", &options.out_dir, "output folder (default runs/<timestamp>, or the --resume folder)");
   flags.add("resume", &options.resume_dir, "continue the run whose checkpoint is in this folder");
   flags.add("init", &options.init_file, "start from these weights (.safetensors, PyTorch names)");
@@ -159,22 +193,22 @@ int train_main(const std::vector<std::string>& args) {
     apply_checkpoint_settings(*checkpoint, checkpoint_path, options,
                               [&](const std::string& flag) { return flags.given(flag); });
   }
+  // A transformer wants Adam: SGD's default learning rate barely moves it.
+  if (options.model == "gpt" && !flags.given("optimizer")) options.optimizer = "adamw";
   if (options.lr < 0) options.lr = default_lr(options.optimizer);
   if (options.micro_batch < 0) options.micro_batch = default_micro_batch(options.batch_size);
   check_options(options);
   const optim::Schedule schedule = optim::parse_schedule(options.lr_schedule);
 
-  const std::string data_dir = options.data_dir.empty() ? kFashionMnistDefaultDir : options.data_dir;
-  const Dataset train_set = load_fashion_mnist(data_dir, Split::train);
-  const Dataset test_set = load_fashion_mnist(data_dir, Split::test);
-  LOCKSTEP_CHECK(train_set.size() > 0) << "the training set in " << data_dir << " is empty";
+  const TrainTask task = make_train_task(options);
+  const Dataset& train_set = task.train;
 
   const std::optional<TensorFile> init =
       options.init_file.empty() ? std::nullopt : std::optional<TensorFile>(load_safetensors(options.init_file));
   const std::unique_ptr<TrainStrategy> strategy = make_train_strategy(
       options,
       [&] {
-        std::shared_ptr<nn::Module> replica = nn::make_model(options.model, options.seed);
+        std::shared_ptr<nn::Module> replica = task.make_model();
         if (init) {
           try {
             replica->load_state_dict(init->tensors);
@@ -279,7 +313,8 @@ int train_main(const std::vector<std::string>& args) {
   strategy->barrier();
   if (!leader) return 0;
 
-  const Evaluation test = evaluate(model, test_set);
+  const Evaluation test = evaluate(model, task.test);
+  const std::string sample = task.language_model ? sample_text(model, options) : "";
   const double rate = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0;
   const nlohmann::json summary = {
       {"model", options.model},
@@ -297,16 +332,31 @@ int train_main(const std::vector<std::string>& args) {
       {"train_samples", samples},
       {"train_seconds", train_seconds},
       {"samples_per_second", rate},
-      {"test_accuracy", test.accuracy},
-      {"test_loss", test.loss},
+      {task.test_name + "_accuracy", test.accuracy},
+      {task.test_name + "_loss", test.loss},
       {"peak_memory_bytes", totals.front().peak_bytes},
       {"optimizer_state_bytes", strategy->optimizer_state_bytes()},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"weights_sha256", weights_sha256(model)},
   };
-  write_json_file((fs::path(out_dir) / "summary.json").string(), summary);
-  std::printf("test accuracy %.4f  test loss %.4f  (%lld steps, %.0f samples/s)  -> %s\n", test.accuracy, test.loss,
-              static_cast<long long>(position.step), rate, out_dir.c_str());
+  nlohmann::json full_summary = summary;
+  if (task.language_model) {
+    full_summary["gpt"] = {{"layers", task.gpt.layers},
+                           {"heads", task.gpt.heads},
+                           {"width", task.gpt.width},
+                           {"context", task.gpt.context},
+                           {"parameters", model.num_parameters()}};
+    full_summary["sample"] = sample;
+  }
+  write_json_file((fs::path(out_dir) / "summary.json").string(), full_summary);
+  if (task.language_model) {
+    std::printf("validation loss %.4f  next-byte accuracy %.4f  (%lld steps, %.0f samples/s)  -> %s\n", test.loss,
+                test.accuracy, static_cast<long long>(position.step), rate, out_dir.c_str());
+    if (!sample.empty()) std::printf("sample:\n%s\n", sample.c_str());
+  } else {
+    std::printf("test accuracy %.4f  test loss %.4f  (%lld steps, %.0f samples/s)  -> %s\n", test.accuracy, test.loss,
+                static_cast<long long>(position.step), rate, out_dir.c_str());
+  }
   return 0;
 }
 

@@ -8,6 +8,12 @@ namespace lockstep::tools {
 
 struct TrainOptions {
   std::string model = "cnn";
+  // --model gpt: a preset's shape, each part overridable (0: the preset's), and the sample
+  // generated at the end.
+  std::string preset = "tiny";
+  int64_t layers = 0, heads = 0, width = 0, context = 0;
+  int64_t sample_bytes = 200;
+  double temperature = 0.8;
   int64_t epochs = 1;
   int64_t steps = -1;        // -1: epochs × batches per epoch; 0: evaluate only
   int64_t batch_size = 32;   // the global batch: every device's samples of one step

@@ -323,7 +323,7 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
       {base() + " --init " + (root_ / "bad.safetensors").string(), 1, "bad.safetensors"},
       {base() + " --resume " + (root_ / "cnn").string(), 1, "--model cnn"},
       {base() + " --resume " + (root_ / "empty").string(), 1, "checkpoint.safetensors"},
-      {base() + " --model resnet", 1, "resnet"},
+      {base() + " --model resnet", 2, "resnet"},
       {base() + " --bogus 3", 2, "--bogus"},
       {base() + " --steps many", 2, "--steps"},
       {base() + " --micro-batch 4 --devices 3", 2, "8 micro-batches, which 3 devices cannot share"},

@@ -17,14 +17,14 @@ constexpr double kInitStddev = 0.02;
 
 // [T, T] additive mask: 0 where key position j <= query position i, -inf above the diagonal,
 // so softmax gives those keys exactly zero weight (and later tokens cannot touch earlier
-// positions' results at all, not even by rounding).
-Tensor causal_mask(int64_t t) {
+// positions' results at all, not even by rounding). Made on `device`, where the scores are.
+Tensor causal_mask(int64_t t, Device device) {
   Tensor mask = Tensor::zeros({t, t});
   float* m = mask.data<float>();
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = i + 1; j < t; ++j) m[i * t + j] = -std::numeric_limits<float>::infinity();
   }
-  return mask;
+  return mask.to(device);
 }
 
 // GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 * layers)
@@ -107,7 +107,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   };
   const Tensor q = split_heads(0), k = split_heads(1), v = split_heads(2);
   Tensor scores = matmul(q, transpose(k, 1, 2)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
-  scores = scores + causal_mask(t);
+  scores = scores + causal_mask(t, scores.device());
   const Tensor y = matmul(softmax(scores, -1), v);  // [B * heads, T, head_dim]
   const Tensor merged = reshape(permute(reshape(y, {b, heads, t, head_dim}), {0, 2, 1, 3}), {b, t, width});
   return c_proj->forward(merged);
@@ -154,7 +154,7 @@ Tensor Gpt::forward(const Tensor& tokens) {
   std::vector<int64_t> positions(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = i;
   // [B, T, width] + [T, width]: the position embedding broadcasts over the batch.
-  Tensor x = wte->forward(tokens) + wpe->forward(Tensor::from_vector(positions, {t}));
+  Tensor x = wte->forward(tokens) + wpe->forward(Tensor::from_vector(positions, {t}, tokens.device()));
   for (const auto& block : h) x = block->forward(x);
   x = ln_f->forward(x);
   return linear(x, wte->weight);  // tied head: x · wteᵀ, [B, T, vocab]
@@ -218,7 +218,7 @@ std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, in
     const int64_t length = static_cast<int64_t>(sequence.size());
     const int64_t window = std::min(length, context);
     const std::vector<int64_t> fed(sequence.end() - window, sequence.end());
-    const Tensor logits = model.forward(Tensor::from_vector(fed, {1, window}));
+    const Tensor logits = model.forward(Tensor::from_vector(fed, {1, window}, model.wte->weight.device()));
     const std::vector<float> last = slice(logits, 1, window - 1, window).to_vector<float>();
     LOCKSTEP_CHECK(static_cast<int64_t>(last.size()) == vocab)
         << "generate: logits of " << last.size() << " classes for a vocabulary of " << vocab;

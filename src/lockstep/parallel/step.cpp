@@ -30,9 +30,16 @@ Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& la
   const Tensor x = slice(images, 0, first, first + count).to(device);
   const Tensor y = slice(labels, 0, first, first + count).to(device);
   model.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
-  const Tensor loss = cross_entropy(model(x), y, Reduction::sum);
-  loss.backward(Tensor::scalar(1.0 / static_cast<double>(batch)).to(device));
-  return Tensor::full({1}, loss.item() / static_cast<double>(batch), DType::f64);
+  // A sequence model predicts every position: its [count, T, classes] logits are count * T
+  // predictions, each weighted 1/(batch * T), so the loss is the mean over every position
+  // of the global batch.
+  const Tensor logits = model(x);
+  const int64_t classes = logits.size(logits.dim() - 1);
+  const int64_t predictions = logits.numel() / classes;
+  const double weight = static_cast<double>(batch * (predictions / count));
+  const Tensor loss = cross_entropy(logits.reshape({predictions, classes}), y.reshape({predictions}), Reduction::sum);
+  loss.backward(Tensor::scalar(1.0 / weight).to(device));
+  return Tensor::full({1}, loss.item() / weight, DType::f64);
 }
 
 }  // namespace lockstep::parallel

@@ -39,9 +39,10 @@ std::string check_step_layout(int64_t batch, int64_t micro_batch, int devices);
 // One leaf of the step's tree: forward and backward of rows [first, first + count) of
 // images and labels (row 0 is global sample first_sample) on `device`, in a step whose
 // global batch holds `batch` samples. The loss is the micro-batch's cross-entropy *sum* with seed
-// gradient 1/batch, so every micro-batch counts alike whichever device runs it; dropout is
-// keyed by global sample index. The gradients land in the parameters' .grad. Returns the
-// micro-batch's loss / batch as a one-element f64 tensor: the loss's own leaf.
+// gradient 1/batch (1/(batch * T) for a sequence model's [count, T, classes] logits), so every
+// micro-batch counts alike whichever device runs it; dropout is keyed by global sample
+// index. The gradients land in the parameters' .grad. Returns the micro-batch's share of the
+// mean loss as a one-element f64 tensor: the loss's own leaf.
 Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& labels, int64_t first, int64_t count,
                        int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device);
 

@@ -1,0 +1,116 @@
+// `lockstep train --model gpt` on a small text: the step's tree holds for the transformer
+// (the same weights and the same sample on 1, 2 and 4 devices, under ddp, and resumed on
+// another device count), the validation loss falls, and bad input gets a clear error.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tools/command_testing.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace command_testing;
+
+class TrainGpt : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("lockstep-train-gpt-" + std::to_string(getpid()) + "-" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    // Forty short records in the fortunes' format: enough windows of 16 bytes for a few
+    // batches of 16, and every tenth record for validation.
+    std::ofstream text(root_ / "text.txt");
+    const char* words[] = {"lock", "step", "tree", "sum", "bits", "device", "batch", "the", "same", "on"};
+    for (int record = 0; record < 40; ++record) {
+      for (int w = 0; w < 12; ++w) text << words[(record * 7 + w * 3) % 10] << (w % 5 == 4 ? ".\n" : " ");
+      text << "\n%\n";
+    }
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string base() const {
+    return "train --quiet --threads 1 --model gpt --layers 1 --heads 2 --width 16 --context 16 --sample 40 --data " +
+           (root_ / "text.txt").string() + " --batch-size 16 --micro-batch 2";
+  }
+  nlohmann::json summary(const fs::path& out) const {
+    std::ifstream in(out / "summary.json");
+    return nlohmann::json::parse(in);
+  }
+
+  fs::path root_;
+};
+
+TEST_F(TrainGpt, SameWeightsAndSampleOnAnyDeviceCountAndUnderDdp) {
+  const std::string flags = base() + " --steps 4";
+  ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
+  const nlohmann::json one = summary(root_ / "one");
+  int index = 0;
+  for (const std::string layout : {"--devices 2", "--devices 4", "--devices 1 --threads 2"}) {
+    const fs::path out = root_ / std::to_string(index++);
+    const Result r = run(flags + " " + layout + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
+    EXPECT_EQ(summary(out)["weights_sha256"], one["weights_sha256"]) << layout;
+    EXPECT_EQ(summary(out)["sample"], one["sample"]) << layout;
+  }
+  const Result ddp = run("run -n 2 --log-dir " + (root_ / "logs").string() + " -- " + kBinary + " " + flags +
+                         " --strategy ddp --out " + (root_ / "ddp").string());
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  EXPECT_EQ(summary(root_ / "ddp")["weights_sha256"], one["weights_sha256"]);
+}
+
+TEST_F(TrainGpt, ResumesOnAnotherDeviceCountBitExactly) {
+  const std::string flags = base() + " --lr-schedule cosine:total=8";
+  ASSERT_EQ(run(flags + " --devices 1 --steps 8 --out " + (root_ / "whole").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --devices 2 --steps 3 --out " + (root_ / "split").string()).exit_code, 0);
+  const Result resumed = run(flags + " --devices 4 --steps 8 --resume " + (root_ / "split").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
+}
+
+TEST_F(TrainGpt, ReportsTheValidationLossWhichFallsAndASample) {
+  ASSERT_EQ(run(base() + " --steps 0 --out " + (root_ / "start").string()).exit_code, 0);
+  const Result r = run(base() + " --steps 30 --lr 0.01 --out " + (root_ / "trained").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("validation loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sample:\n"), std::string::npos) << r.output;
+  const nlohmann::json start = summary(root_ / "start"), trained = summary(root_ / "trained");
+  // Untrained, every byte is about equally likely: ln 256.
+  EXPECT_NEAR(start["validation_loss"].get<double>(), std::log(256.0), 0.1);
+  EXPECT_LT(trained["validation_loss"].get<double>(), 0.8 * start["validation_loss"].get<double>());
+  EXPECT_FALSE(trained.contains("test_accuracy"));
+  EXPECT_EQ(trained["optimizer"], "adamw");  // the default for the transformer
+  EXPECT_EQ(trained["gpt"]["context"], 16);
+  // wte 256x16, wpe 16x16, one block (2 layer norms, c_attn, c_proj, c_fc, c_proj), ln_f.
+  const int64_t width = 16, block = 4 * width + (width * 3 * width + 3 * width) + (width * width + width) +
+                                    (width * 4 * width + 4 * width) + (4 * width * width + width);
+  EXPECT_EQ(trained["gpt"]["parameters"], 256 * width + 16 * width + block + 2 * width);
+  const std::string sample = trained["sample"];
+  EXPECT_GE(sample.size(), 40u);  // 40 bytes; a broken UTF-8 byte becomes three
+}
+
+TEST_F(TrainGpt, BadInputIsNamed) {
+  const Result missing = run("train --quiet --model gpt --steps 1 --data " + (root_ / "none.txt").string());
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_NE(missing.output.find((root_ / "none.txt").string()), std::string::npos) << missing.output;
+  for (const std::string& arguments :
+       {std::string("--preset huge"), std::string("--heads 3 --width 16"), std::string("--layers -1"),
+        std::string("--sample -2"), std::string("--temperature -1")}) {
+    const Result r = run(base() + " --steps 1 --out " + (root_ / "bad").string() + " " + arguments);
+    EXPECT_EQ(r.exit_code, 2) << arguments << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << arguments << "\n" << r.output;
+  }
+  const Result model = run("train --quiet --model transformer --steps 1");
+  EXPECT_EQ(model.exit_code, 2) << model.output;
+  EXPECT_NE(model.output.find("cnn, mlp (Fashion-MNIST) or gpt (text)"), std::string::npos) << model.output;
+}
+
+}  // namespace
+}  // namespace lockstep
