@@ -151,6 +151,8 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("heads", &options.heads, "gpt: attention heads (default: the preset's)");
   flags.add("width", &options.width, "gpt: embedding width (default: the preset's)");
   flags.add("context", &options.context, "gpt: tokens (bytes) per window (default: the preset's)");
+  flags.add_switch("checkpoint-activations", &options.checkpoint_activations,
+                   "gpt: recompute each block in backward instead of keeping its activations (less memory, same bits)");
   flags.add("sample", &options.sample_bytes, "gpt: bytes to generate after training (0: none)");
   flags.add("temperature", &options.temperature, "gpt: sampling temperature of the sample (0: greedy)");
   flags.add("epochs", &options.epochs, "passes over the training set");

@@ -12,6 +12,7 @@ struct TrainOptions {
   // generated at the end.
   std::string preset = "tiny";
   int64_t layers = 0, heads = 0, width = 0, context = 0;
+  bool checkpoint_activations = false;
   int64_t sample_bytes = 200;
   double temperature = 0.8;
   int64_t epochs = 1;

@@ -56,7 +56,12 @@ TrainTask make_train_task(const TrainOptions& options) {
     task.test_name = "validation";
     const nn::GptConfig config = task.gpt;
     const uint64_t seed = options.seed;
-    task.make_model = [config, seed] { return std::make_shared<nn::Gpt>(config, seed); };
+    const bool checkpoint = options.checkpoint_activations;
+    task.make_model = [config, seed, checkpoint] {
+      auto model = std::make_shared<nn::Gpt>(config, seed);
+      model->checkpoint_activations = checkpoint;
+      return model;
+    };
     return task;
   }
   const std::vector<std::string> images = nn::model_names();

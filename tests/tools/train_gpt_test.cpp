@@ -66,6 +66,17 @@ TEST_F(TrainGpt, SameWeightsAndSampleOnAnyDeviceCountAndUnderDdp) {
   EXPECT_EQ(summary(root_ / "ddp")["weights_sha256"], one["weights_sha256"]);
 }
 
+// Recomputing each block in backward keeps less memory and changes no bit.
+TEST_F(TrainGpt, CheckpointedActivationsGiveTheSameWeightsInLessMemory) {
+  const std::string flags = base() + " --steps 3 --layers 4 --devices 1";
+  ASSERT_EQ(run(flags + " --out " + (root_ / "kept").string()).exit_code, 0);
+  const Result r = run(flags + " --checkpoint-activations --out " + (root_ / "recomputed").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json kept = summary(root_ / "kept"), recomputed = summary(root_ / "recomputed");
+  EXPECT_EQ(recomputed["weights_sha256"], kept["weights_sha256"]);
+  EXPECT_LT(recomputed["peak_memory_bytes"].get<int64_t>(), kept["peak_memory_bytes"].get<int64_t>());
+}
+
 TEST_F(TrainGpt, ResumesOnAnotherDeviceCountBitExactly) {
   const std::string flags = base() + " --lr-schedule cosine:total=8";
   ASSERT_EQ(run(flags + " --devices 1 --steps 8 --out " + (root_ / "whole").string()).exit_code, 0);

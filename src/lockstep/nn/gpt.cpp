@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "lockstep/autograd/checkpoint.h"
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/core/philox.h"
 #include "lockstep/nn/init.h"
@@ -155,7 +156,10 @@ Tensor Gpt::forward(const Tensor& tokens) {
   for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = i;
   // [B, T, width] + [T, width]: the position embedding broadcasts over the batch.
   Tensor x = wte->forward(tokens) + wpe->forward(Tensor::from_vector(positions, {t}, tokens.device()));
-  for (const auto& block : h) x = block->forward(x);
+  for (const std::shared_ptr<GptBlock>& block : h) {
+    x = checkpoint_activations ? autograd::checkpoint([block](const Tensor& in) { return block->forward(in); }, x)
+                               : block->forward(x);
+  }
   x = ln_f->forward(x);
   return linear(x, wte->weight);  // tied head: x · wteᵀ, [B, T, vocab]
 }

@@ -89,6 +89,9 @@ class Gpt : public Module {
   Tensor forward(const Tensor& tokens) override;
 
   const GptConfig config;
+  // Recompute each block in backward instead of keeping its activations
+  // (autograd/checkpoint.h): less memory, one more forward per block, the same bits.
+  bool checkpoint_activations = false;
   std::shared_ptr<GptEmbedding> wte, wpe;
   std::vector<std::shared_ptr<GptBlock>> h;
   std::shared_ptr<LayerNorm> ln_f;
