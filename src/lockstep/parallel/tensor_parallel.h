@@ -1,0 +1,56 @@
+// Tensor parallelism (Megatron-LM): a layer's weight cut across the T ranks of a
+// tensor-parallel group, each rank computing its part.
+//
+// Two conjugate functions carry the communication, each an autograd op:
+//   copy_to_tensor_parallel     forward: identity    backward: all-reduce the gradient
+//   reduce_from_tensor_parallel forward: all-reduce  backward: identity
+// A column-parallel Linear (output features cut) followed by a row-parallel one (input
+// features cut) — an MLP, or attention cut by heads — needs one all-reduce in forward and
+// one in backward. Every rank of the group must call the same ops in the same order (they
+// are collectives).
+#pragma once
+
+#include <memory>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/nn/linear.h"
+#include "lockstep/nn/module.h"
+
+namespace lockstep::parallel {
+
+Tensor copy_to_tensor_parallel(const Tensor& x, const std::shared_ptr<comm::Communicator>& group);
+Tensor reduce_from_tensor_parallel(const Tensor& x, const std::shared_ptr<comm::Communicator>& group);
+
+// y[..., out/T] = x · W_rᵀ + b_r: rank r holds rows [r·out/T, (r+1)·out/T) of the full
+// weight [out, in] and that slice of the bias. Its input is the full x on every rank.
+class ColumnParallelLinear : public nn::Module {
+ public:
+  // Rank group->rank()'s shard of `full` (whose out_features T divides): every rank built
+  // from the same full layer starts as that layer, so a tensor-parallel model starts with
+  // the weights of the unsplit one.
+  ColumnParallelLinear(const nn::Linear& full, std::shared_ptr<comm::Communicator> group);
+  Tensor forward(const Tensor& x) override;
+
+  const int64_t in_features, out_features;  // out_features: this rank's share
+  Tensor weight, bias;                      // [out/T, in], [out/T] (bias optional)
+
+ private:
+  std::shared_ptr<comm::Communicator> group_;
+};
+
+// y[..., out] = Σ_r x_r · W_rᵀ + b: rank r holds columns [r·in/T, (r+1)·in/T) of the full
+// weight and takes that slice of the input features (a column-parallel layer's output);
+// the partial products are all-reduced, then the (whole) bias is added once.
+class RowParallelLinear : public nn::Module {
+ public:
+  RowParallelLinear(const nn::Linear& full, std::shared_ptr<comm::Communicator> group);
+  Tensor forward(const Tensor& x) override;
+
+  const int64_t in_features, out_features;  // in_features: this rank's share
+  Tensor weight, bias;                      // [out, in/T], [out] (bias optional)
+
+ private:
+  std::shared_ptr<comm::Communicator> group_;
+};
+
+}  // namespace lockstep::parallel
