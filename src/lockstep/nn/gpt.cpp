@@ -98,9 +98,8 @@ CausalSelfAttention::CausalSelfAttention(const GptConfig& config)
   c_proj = register_module("c_proj", std::make_shared<GptLinear>(width, width, residual_stddev(config)));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), head_dim = width / heads;
-  const Tensor qkv = c_attn->forward(x);  // [B, T, 3 width]: q, k, v side by side
+Tensor causal_attention(const Tensor& qkv, int64_t heads) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3, head_dim = width / heads;
   // [B, T, width] -> [B * heads, T, head_dim]: one batched matmul covers every head.
   auto split_heads = [&](int64_t part) {
     const Tensor one = slice(qkv, 2, part * width, (part + 1) * width);
@@ -110,8 +109,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor scores = matmul(q, transpose(k, 1, 2)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
   scores = scores + causal_mask(t, scores.device());
   const Tensor y = matmul(softmax(scores, -1), v);  // [B * heads, T, head_dim]
-  const Tensor merged = reshape(permute(reshape(y, {b, heads, t, head_dim}), {0, 2, 1, 3}), {b, t, width});
-  return c_proj->forward(merged);
+  return reshape(permute(reshape(y, {b, heads, t, head_dim}), {0, 2, 1, 3}), {b, t, width});
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  return c_proj->forward(causal_attention(c_attn->forward(x), heads));  // c_attn: q, k, v side by side
 }
 
 GptMlp::GptMlp(const GptConfig& config) : Module("GptMlp") {

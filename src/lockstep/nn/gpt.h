@@ -52,6 +52,11 @@ class GptEmbedding : public Embedding {
   void reset_parameter(const std::string& name, const Tensor& parameter, Philox& rng) override;
 };
 
+// The attention itself: qkv [B, T, 3·w] (q, k, v side by side, each `heads` heads of w/heads)
+// -> [B, T, w], position t attending to positions <= t. A tensor-parallel rank calls it on
+// its own heads.
+Tensor causal_attention(const Tensor& qkv, int64_t heads);
+
 // Multi-head self-attention where position t sees positions <= t only.
 class CausalSelfAttention : public Module {
  public:

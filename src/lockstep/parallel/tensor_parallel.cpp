@@ -14,13 +14,20 @@ Tensor reduced(const Tensor& x, comm::Communicator& group) {
   return out;
 }
 
-// Rows (axis 0) or columns (axis 1) [r·n/T, (r+1)·n/T) of `t`, as a new parameter.
-Tensor shard(const Tensor& t, int64_t axis, const comm::Communicator& group, const char* what) {
-  const int64_t n = t.size(axis), parts = group.size();
-  LOCKSTEP_CHECK(n % parts == 0) << what << ": " << n << " features do not cut into " << parts
-                                 << " equal tensor-parallel shards; use a tensor-parallel size that divides " << n;
-  const int64_t size = n / parts;
-  Tensor piece = slice(t, axis, size * group.rank(), size * (group.rank() + 1)).contiguous().clone();
+// Rows (axis 0) or columns (axis 1) [r·n/T, (r+1)·n/T) of `t`, as a new parameter; with
+// `parts` > 1, that shard of each of `parts` equal blocks along the axis, concatenated.
+Tensor shard(const Tensor& t, int64_t axis, const comm::Communicator& group, const char* what, int64_t parts = 1) {
+  const int64_t n = t.size(axis) / parts, ranks = group.size();
+  LOCKSTEP_CHECK(n * parts == t.size(axis) && n % ranks == 0)
+      << what << ": " << n << " features do not cut into " << ranks
+      << " equal tensor-parallel shards; use a tensor-parallel size that divides " << n;
+  const int64_t size = n / ranks;
+  std::vector<Tensor> pieces;
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t begin = p * n + size * group.rank();
+    pieces.push_back(slice(t, axis, begin, begin + size));
+  }
+  Tensor piece = (parts == 1 ? pieces[0] : concat(pieces, axis)).contiguous().clone();
   return piece.set_requires_grad(true);
 }
 
@@ -45,11 +52,14 @@ Tensor reduce_from_tensor_parallel(const Tensor& x, const std::shared_ptr<comm::
   return y;
 }
 
-ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, std::shared_ptr<comm::Communicator> group)
+ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, std::shared_ptr<comm::Communicator> group,
+                                           int64_t parts)
     : in_features(full.in_features), out_features(full.out_features / group->size()), group_(std::move(group)) {
   NoGradGuard no_grad;
-  weight = register_parameter("weight", shard(full.weight, 0, *group_, "ColumnParallelLinear"));
-  if (full.bias.defined()) bias = register_parameter("bias", shard(full.bias, 0, *group_, "ColumnParallelLinear"));
+  weight = register_parameter("weight", shard(full.weight, 0, *group_, "ColumnParallelLinear", parts));
+  if (full.bias.defined()) {
+    bias = register_parameter("bias", shard(full.bias, 0, *group_, "ColumnParallelLinear", parts));
+  }
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {

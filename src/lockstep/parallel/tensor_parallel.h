@@ -25,10 +25,11 @@ Tensor reduce_from_tensor_parallel(const Tensor& x, const std::shared_ptr<comm::
 // weight [out, in] and that slice of the bias. Its input is the full x on every rank.
 class ColumnParallelLinear : public nn::Module {
  public:
-  // Rank group->rank()'s shard of `full` (whose out_features T divides): every rank built
-  // from the same full layer starts as that layer, so a tensor-parallel model starts with
-  // the weights of the unsplit one.
-  ColumnParallelLinear(const nn::Linear& full, std::shared_ptr<comm::Communicator> group);
+  // Rank group->rank()'s shard of `full`: every rank built from the same full layer starts
+  // as that layer, so a tensor-parallel model starts with the weights of the unsplit one.
+  // With `parts` > 1 the output features are that many equal blocks side by side (q, k and v
+  // of attention: parts = 3), and the rank takes its shard of each block, in order.
+  ColumnParallelLinear(const nn::Linear& full, std::shared_ptr<comm::Communicator> group, int64_t parts = 1);
   Tensor forward(const Tensor& x) override;
 
   const int64_t in_features, out_features;  // out_features: this rank's share

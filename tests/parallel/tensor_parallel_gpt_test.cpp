@@ -1,0 +1,94 @@
+// A GPT block cut by heads and MLP columns over 1, 2 and 4 ranks against the unsplit block:
+// the same output on every rank, the replicated layer norms' full gradients, and each
+// rank's slice of the attention and MLP gradients.
+#include "lockstep/parallel/tensor_parallel_gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/parallel.h"
+#include "lockstep/ops/ops.h"
+#include "testing/gradcheck.h"
+
+namespace lockstep::parallel {
+namespace {
+
+using testing::random_f32;
+
+void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const auto a = actual.contiguous().to_vector<float>(), e = expected.contiguous().to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], e[i], 2e-5 * (1 + std::abs(e[i]))) << what << " [" << i << "]";
+}
+
+// Rows [r·n/T, (r+1)·n/T) of each of q, k and v (n = rows / 3).
+Tensor qkv_rows(const Tensor& full, int rank, int ranks) {
+  const int64_t n = full.size(0) / 3, size = n / ranks;
+  std::vector<Tensor> parts;
+  for (int64_t p = 0; p < 3; ++p) parts.push_back(slice(full, 0, p * n + rank * size, p * n + (rank + 1) * size));
+  return concat(parts, 0);
+}
+
+void check_block(int ranks) {
+  const nn::Gpt gpt(nn::GptConfig{.vocab = 256, .context = 8, .layers = 1, .heads = 4, .width = 16}, 7);
+  nn::GptBlock& full = *gpt.h[0];
+  const Tensor input = random_f32({2, 8, 16}, 1);
+  const Tensor projection = random_f32({2, 8, 16}, 2);
+  const Tensor x = input.clone().set_requires_grad(true);
+  const Tensor y = full.forward(x);
+  sum(y * projection).backward();
+
+  const auto comms = comm::LocalCommunicator::create_group(ranks);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      set_num_threads(1);
+      try {
+        TensorParallelGptBlock block(full, 4, comms[static_cast<size_t>(r)]);
+        const Tensor xr = input.clone().set_requires_grad(true);
+        const Tensor yr = block.forward(xr);
+        sum(yr * projection).backward();
+        const std::string on = " on rank " + std::to_string(r) + " of " + std::to_string(ranks);
+        EXPECT_EQ(block.local_heads, 4 / ranks);
+        expect_close(yr, y, "output" + on);
+        expect_close(xr.grad(), x.grad(), "input gradient" + on);
+        expect_close(block.ln_1->weight.grad(), full.ln_1->weight.grad(), "ln_1 gradient" + on);
+        expect_close(block.ln_2->bias.grad(), full.ln_2->bias.grad(), "ln_2 gradient" + on);
+        expect_close(block.attn_qkv->weight.grad(), qkv_rows(full.attn->c_attn->weight.grad(), r, ranks),
+                     "c_attn gradient" + on);
+        const int64_t width = 16 / ranks, hidden = 64 / ranks;
+        expect_close(block.attn_proj->weight.grad(),
+                     slice(full.attn->c_proj->weight.grad(), 1, r * width, (r + 1) * width),
+                     "attn c_proj gradient" + on);
+        expect_close(block.mlp_fc->weight.grad(), slice(full.mlp->c_fc->weight.grad(), 0, r * hidden, (r + 1) * hidden),
+                     "c_fc gradient" + on);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+TEST(TensorParallelGpt, BlockMatchesTheUnsplitBlockOn1Rank) { check_block(1); }
+TEST(TensorParallelGpt, BlockMatchesTheUnsplitBlockOn2Ranks) { check_block(2); }
+TEST(TensorParallelGpt, BlockMatchesTheUnsplitBlockOn4Ranks) { check_block(4); }
+
+TEST(TensorParallelGpt, HeadsTheGroupDoesNotDivideAreAnError) {
+  const nn::Gpt gpt(nn::GptConfig{.vocab = 256, .context = 8, .layers = 1, .heads = 4, .width = 24}, 7);
+  const auto comms = comm::LocalCommunicator::create_group(3);
+  try {
+    TensorParallelGptBlock block(*gpt.h[0], 4, comms[0]);
+    FAIL() << "4 heads cannot go to 3 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 heads do not go to 3 ranks"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::parallel
