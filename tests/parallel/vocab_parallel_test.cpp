@@ -1,0 +1,103 @@
+// The vocabulary cut over 1, 2 and 4 ranks against the unsplit embedding and cross-entropy:
+// the same embeddings and losses on every rank, and each rank's slice of the gradients.
+#include "lockstep/parallel/vocab_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/parallel.h"
+#include "lockstep/ops/ops.h"
+#include "testing/gradcheck.h"
+
+namespace lockstep::parallel {
+namespace {
+
+using testing::random_f32;
+
+void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const auto a = actual.contiguous().to_vector<float>(), e = expected.contiguous().to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], e[i], 1e-5 * (1 + std::abs(e[i]))) << what << " [" << i << "]";
+}
+
+template <typename Body>
+void on_ranks(int ranks, const Body& body) {
+  const auto comms = comm::LocalCommunicator::create_group(ranks);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      set_num_threads(1);
+      try {
+        body(r, comms[static_cast<size_t>(r)]);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+constexpr int64_t kVocab = 16, kDim = 5;
+const std::vector<int64_t> kTokens = {0, 3, 15, 8, 7, 4, 12, 3};
+
+void check_embedding(int ranks) {
+  const Tensor table = random_f32({kVocab, kDim}, 1);
+  const Tensor projection = random_f32({2, 4, kDim}, 2);
+  const Tensor tokens = Tensor::from_vector(kTokens, {2, 4});
+  const Tensor full = table.clone().set_requires_grad(true);
+  const Tensor expected = embedding(tokens, full);
+  sum(expected * projection).backward();
+  on_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
+    VocabParallelEmbedding layer(table, group);
+    const Tensor got = layer.forward(tokens);
+    sum(got * projection).backward();
+    const int64_t rows = kVocab / ranks;
+    expect_close(got, expected, "embedding on rank " + std::to_string(r));
+    expect_close(layer.weight.grad(), slice(full.grad(), 0, r * rows, (r + 1) * rows),
+                 "table gradient on rank " + std::to_string(r));
+  });
+}
+
+void check_cross_entropy(int ranks) {
+  const Tensor logits = random_f32({8, kVocab}, 3, -3, 3);
+  const Tensor targets = Tensor::from_vector(kTokens, {8});
+  const Tensor weights = random_f32({8}, 4);  // a gradient that differs per row
+  const Tensor full = logits.clone().set_requires_grad(true);
+  const Tensor expected = cross_entropy(full, targets, Reduction::none);
+  sum(expected * weights).backward();
+  on_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
+    const int64_t columns = kVocab / ranks;
+    const Tensor mine = slice(logits, 1, r * columns, (r + 1) * columns).contiguous().clone().set_requires_grad(true);
+    const Tensor losses = vocab_parallel_cross_entropy(mine, targets, r * columns, group);
+    sum(losses * weights).backward();
+    expect_close(losses, expected, "losses on rank " + std::to_string(r));
+    expect_close(mine.grad(), slice(full.grad(), 1, r * columns, (r + 1) * columns),
+                 "logit gradient on rank " + std::to_string(r));
+  });
+}
+
+TEST(VocabParallel, EmbeddingMatchesTheUnsplitTableOn1Rank) { check_embedding(1); }
+TEST(VocabParallel, EmbeddingMatchesTheUnsplitTableOn2Ranks) { check_embedding(2); }
+TEST(VocabParallel, EmbeddingMatchesTheUnsplitTableOn4Ranks) { check_embedding(4); }
+TEST(VocabParallel, CrossEntropyMatchesTheUnsplitLossOn1Rank) { check_cross_entropy(1); }
+TEST(VocabParallel, CrossEntropyMatchesTheUnsplitLossOn2Ranks) { check_cross_entropy(2); }
+TEST(VocabParallel, CrossEntropyMatchesTheUnsplitLossOn4Ranks) { check_cross_entropy(4); }
+
+TEST(VocabParallel, AVocabularyTheGroupDoesNotDivideIsAnError) {
+  const auto comms = comm::LocalCommunicator::create_group(3);
+  try {
+    VocabParallelEmbedding layer(random_f32({kVocab, kDim}, 1), comms[0]);
+    FAIL() << "16 rows cannot go to 3 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a vocabulary of 16 does not cut into 3 equal shards"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::parallel
