@@ -15,35 +15,17 @@
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/parallel/data_parallel.h"
+#include "parallel/rank_threads.h"
 #include "parallel/step_testing.h"
 
 namespace lockstep::parallel {
 namespace {
 
 using namespace step_testing;
+using rank_threads::run_ranks;
 
 std::unique_ptr<optim::Optimizer> sgd(std::vector<Tensor> params) {
   return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
-}
-
-// Runs body(rank, comm) on `ranks` threads over one local group; returns each rank's error.
-template <typename Body>
-std::vector<std::string> run_ranks(int ranks, const Body& body) {
-  const auto comms = comm::LocalCommunicator::create_group(ranks);
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      set_num_threads(1);
-      try {
-        body(r, comms[static_cast<size_t>(r)]);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
 }
 
 // `steps` DDP steps of a global batch on `ranks` ranks; every rank's final weights. Each

@@ -5,24 +5,19 @@
 
 #include <gtest/gtest.h>
 
-#include <thread>
-
 #include "lockstep/comm/local_communicator.h"
-#include "lockstep/core/parallel.h"
 #include "lockstep/ops/ops.h"
+#include "parallel/rank_threads.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep::parallel {
 namespace {
 
-using testing::random_f32;
+// Attention and the MLP each sum partial products across ranks: a little more rounding.
+constexpr double kTolerance = 2e-5;
 
-void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const auto a = actual.contiguous().to_vector<float>(), e = expected.contiguous().to_vector<float>();
-  for (size_t i = 0; i < a.size(); ++i)
-    ASSERT_NEAR(a[i], e[i], 2e-5 * (1 + std::abs(e[i]))) << what << " [" << i << "]";
-}
+using namespace rank_threads;
+using testing::random_f32;
 
 // Rows [r·n/T, (r+1)·n/T) of each of q, k and v (n = rows / 3).
 Tensor qkv_rows(const Tensor& full, int rank, int ranks) {
@@ -41,38 +36,25 @@ void check_block(int ranks) {
   const Tensor y = full.forward(x);
   sum(y * projection).backward();
 
-  const auto comms = comm::LocalCommunicator::create_group(ranks);
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      set_num_threads(1);
-      try {
-        TensorParallelGptBlock block(full, 4, comms[static_cast<size_t>(r)]);
-        const Tensor xr = input.clone().set_requires_grad(true);
-        const Tensor yr = block.forward(xr);
-        sum(yr * projection).backward();
-        const std::string on = " on rank " + std::to_string(r) + " of " + std::to_string(ranks);
-        EXPECT_EQ(block.local_heads, 4 / ranks);
-        expect_close(yr, y, "output" + on);
-        expect_close(xr.grad(), x.grad(), "input gradient" + on);
-        expect_close(block.ln_1->weight.grad(), full.ln_1->weight.grad(), "ln_1 gradient" + on);
-        expect_close(block.ln_2->bias.grad(), full.ln_2->bias.grad(), "ln_2 gradient" + on);
-        expect_close(block.attn_qkv->weight.grad(), qkv_rows(full.attn->c_attn->weight.grad(), r, ranks),
-                     "c_attn gradient" + on);
-        const int64_t width = 16 / ranks, hidden = 64 / ranks;
-        expect_close(block.attn_proj->weight.grad(),
-                     slice(full.attn->c_proj->weight.grad(), 1, r * width, (r + 1) * width),
-                     "attn c_proj gradient" + on);
-        expect_close(block.mlp_fc->weight.grad(), slice(full.mlp->c_fc->weight.grad(), 0, r * hidden, (r + 1) * hidden),
-                     "c_fc gradient" + on);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
+    TensorParallelGptBlock block(full, 4, group);
+    const Tensor xr = input.clone().set_requires_grad(true);
+    const Tensor yr = block.forward(xr);
+    sum(yr * projection).backward();
+    const std::string on = " on rank " + std::to_string(r) + " of " + std::to_string(ranks);
+    EXPECT_EQ(block.local_heads, 4 / ranks);
+    expect_close(yr, y, "output" + on, kTolerance);
+    expect_close(xr.grad(), x.grad(), "input gradient" + on, kTolerance);
+    expect_close(block.ln_1->weight.grad(), full.ln_1->weight.grad(), "ln_1 gradient" + on, kTolerance);
+    expect_close(block.ln_2->bias.grad(), full.ln_2->bias.grad(), "ln_2 gradient" + on, kTolerance);
+    expect_close(block.attn_qkv->weight.grad(), qkv_rows(full.attn->c_attn->weight.grad(), r, ranks),
+                 "c_attn gradient" + on, kTolerance);
+    const int64_t width = 16 / ranks, hidden = 64 / ranks;
+    expect_close(block.attn_proj->weight.grad(), slice(full.attn->c_proj->weight.grad(), 1, r * width, (r + 1) * width),
+                 "attn c_proj gradient" + on, kTolerance);
+    expect_close(block.mlp_fc->weight.grad(), slice(full.mlp->c_fc->weight.grad(), 0, r * hidden, (r + 1) * hidden),
+                 "c_fc gradient" + on, kTolerance);
+  }));
 }
 
 TEST(TensorParallelGpt, BlockMatchesTheUnsplitBlockOn1Rank) { check_block(1); }

@@ -4,43 +4,16 @@
 
 #include <gtest/gtest.h>
 
-#include <thread>
-
 #include "lockstep/comm/local_communicator.h"
-#include "lockstep/core/parallel.h"
 #include "lockstep/ops/ops.h"
+#include "parallel/rank_threads.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep::parallel {
 namespace {
 
+using namespace rank_threads;
 using testing::random_f32;
-
-void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const auto a = actual.contiguous().to_vector<float>(), e = expected.contiguous().to_vector<float>();
-  for (size_t i = 0; i < a.size(); ++i)
-    ASSERT_NEAR(a[i], e[i], 1e-5 * (1 + std::abs(e[i]))) << what << " [" << i << "]";
-}
-
-template <typename Body>
-void on_ranks(int ranks, const Body& body) {
-  const auto comms = comm::LocalCommunicator::create_group(ranks);
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      set_num_threads(1);
-      try {
-        body(r, comms[static_cast<size_t>(r)]);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-}
 
 constexpr int64_t kVocab = 16, kDim = 5;
 const std::vector<int64_t> kTokens = {0, 3, 15, 8, 7, 4, 12, 3};
@@ -52,7 +25,7 @@ void check_embedding(int ranks) {
   const Tensor full = table.clone().set_requires_grad(true);
   const Tensor expected = embedding(tokens, full);
   sum(expected * projection).backward();
-  on_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
+  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
     VocabParallelEmbedding layer(table, group);
     const Tensor got = layer.forward(tokens);
     sum(got * projection).backward();
@@ -60,7 +33,7 @@ void check_embedding(int ranks) {
     expect_close(got, expected, "embedding on rank " + std::to_string(r));
     expect_close(layer.weight.grad(), slice(full.grad(), 0, r * rows, (r + 1) * rows),
                  "table gradient on rank " + std::to_string(r));
-  });
+  }));
 }
 
 void check_cross_entropy(int ranks) {
@@ -70,7 +43,7 @@ void check_cross_entropy(int ranks) {
   const Tensor full = logits.clone().set_requires_grad(true);
   const Tensor expected = cross_entropy(full, targets, Reduction::none);
   sum(expected * weights).backward();
-  on_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
+  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
     const int64_t columns = kVocab / ranks;
     const Tensor mine = slice(logits, 1, r * columns, (r + 1) * columns).contiguous().clone().set_requires_grad(true);
     const Tensor losses = vocab_parallel_cross_entropy(mine, targets, r * columns, group);
@@ -78,7 +51,7 @@ void check_cross_entropy(int ranks) {
     expect_close(losses, expected, "losses on rank " + std::to_string(r));
     expect_close(mine.grad(), slice(full.grad(), 1, r * columns, (r + 1) * columns),
                  "logit gradient on rank " + std::to_string(r));
-  });
+  }));
 }
 
 TEST(VocabParallel, EmbeddingMatchesTheUnsplitTableOn1Rank) { check_embedding(1); }
