@@ -72,5 +72,34 @@ TEST(TensorParallelGpt, HeadsTheGroupDoesNotDivideAreAnError) {
   }
 }
 
+// The whole model, vocabulary cut too: the same loss on every rank, and each rank's rows of
+// the (tied) token embedding's gradient.
+void check_model(int ranks) {
+  const nn::GptConfig config{.vocab = 256, .context = 8, .layers = 2, .heads = 4, .width = 16};
+  nn::Gpt full(config, 11);
+  std::vector<int64_t> values(2 * 8);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int64_t>((i * 37 + 5) % 256);
+  const Tensor tokens = Tensor::from_vector(values, {2, 8});
+  const Tensor targets = Tensor::from_vector(std::vector<int64_t>(values.rbegin(), values.rend()), {2, 8});
+  const Tensor expected = nn::gpt_loss(full.forward(tokens), targets);
+  expected.backward();
+  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
+    TensorParallelGpt model(full, group);
+    const Tensor loss = model.loss(tokens, targets);
+    loss.backward();
+    const std::string on = " on rank " + std::to_string(r) + " of " + std::to_string(ranks);
+    expect_close(loss, expected, "loss" + on, kTolerance);
+    const int64_t rows = 256 / ranks;
+    expect_close(model.wte->weight.grad(), slice(full.wte->weight.grad(), 0, r * rows, (r + 1) * rows),
+                 "wte gradient" + on, kTolerance);
+    expect_close(model.wpe->weight.grad(), full.wpe->weight.grad(), "wpe gradient" + on, kTolerance);
+    expect_close(model.ln_f->weight.grad(), full.ln_f->weight.grad(), "ln_f gradient" + on, kTolerance);
+  }));
+}
+
+TEST(TensorParallelGpt, ModelMatchesTheUnsplitModelOn1Rank) { check_model(1); }
+TEST(TensorParallelGpt, ModelMatchesTheUnsplitModelOn2Ranks) { check_model(2); }
+TEST(TensorParallelGpt, ModelMatchesTheUnsplitModelOn4Ranks) { check_model(4); }
+
 }  // namespace
 }  // namespace lockstep::parallel
