@@ -203,6 +203,13 @@ int train_main(const std::vector<std::string>& args) {
   const optim::Schedule schedule = optim::parse_schedule(options.lr_schedule);
 
   const TrainTask task = make_train_task(options);
+  if (task.language_model) {
+    // The resolved shape, for the checkpoint (a resume needs no shape flags).
+    options.layers = task.gpt.layers;
+    options.heads = task.gpt.heads;
+    options.width = task.gpt.width;
+    options.context = task.gpt.context;
+  }
   const Dataset& train_set = task.train;
 
   const std::optional<TensorFile> init =

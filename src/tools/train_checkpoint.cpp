@@ -44,7 +44,7 @@ void save_train_checkpoint(const std::string& path, const TrainOptions& options,
   // The random state is the seed alone: data order, initialization and dropout masks are
   // counter-based draws keyed by (seed, epoch, step, sample), so step and data position
   // restore them.
-  const Metadata metadata = {
+  Metadata metadata = {
       {"format", kFormat},
       {"model", options.model},
       {"optimizer", options.optimizer},
@@ -55,6 +55,14 @@ void save_train_checkpoint(const std::string& path, const TrainOptions& options,
       {"epoch", std::to_string(position.data.epoch)},
       {"epoch_sample", std::to_string(position.data.sample)},
   };
+  if (options.model == "gpt") {
+    // The shape, resolved: a resume builds the same model whatever its flags default to.
+    metadata["preset"] = options.preset;
+    metadata["layers"] = std::to_string(options.layers);
+    metadata["heads"] = std::to_string(options.heads);
+    metadata["width"] = std::to_string(options.width);
+    metadata["context"] = std::to_string(options.context);
+  }
   save_checkpoint(path, tensors, metadata);
 }
 
@@ -80,6 +88,17 @@ void apply_checkpoint_settings(const Checkpoint& checkpoint, const std::string& 
   // The micro-batch shapes the step's tree, so the run resumes with the one it had; the
   // device count is free.
   reconcile("micro-batch", "micro_batch", micro);
+  if (options.model == "gpt") {
+    reconcile("preset", "preset", options.preset);
+    for (auto [flag, value] : {std::pair<const char*, int64_t*>{"layers", &options.layers},
+                               {"heads", &options.heads},
+                               {"width", &options.width},
+                               {"context", &options.context}}) {
+      std::string text = std::to_string(*value);
+      reconcile(flag, flag, text);
+      *value = std::stoll(text);
+    }
+  }
   options.seed = std::stoull(seed);
   options.batch_size = std::stoll(batch);
   options.micro_batch = std::stoll(micro);

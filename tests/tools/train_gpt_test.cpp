@@ -86,6 +86,23 @@ TEST_F(TrainGpt, ResumesOnAnotherDeviceCountBitExactly) {
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
 }
 
+// The checkpoint remembers the model's shape: a resume needs no shape flags, and other
+// ones are refused with the saved value.
+TEST_F(TrainGpt, ResumeTakesTheShapeFromTheCheckpoint) {
+  const std::string flags = base() + " --lr-schedule cosine:total=6 --devices 1";
+  ASSERT_EQ(run(flags + " --layers 2 --steps 6 --out " + (root_ / "whole").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --layers 2 --steps 2 --out " + (root_ / "split").string()).exit_code, 0);
+  const std::string text = (root_ / "text.txt").string();
+  const Result resumed = run("train --quiet --threads 1 --model gpt --sample 40 --data " + text +
+                             " --steps 6 --resume " + (root_ / "split").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
+  EXPECT_EQ(summary(root_ / "split")["gpt"]["layers"], 2);
+  const Result other = run(base() + " --layers 3 --steps 8 --resume " + (root_ / "split").string());
+  EXPECT_EQ(other.exit_code, 1) << other.output;
+  EXPECT_NE(other.output.find("a run with --layers 2, not 3"), std::string::npos) << other.output;
+}
+
 TEST_F(TrainGpt, ReportsTheValidationLossWhichFallsAndASample) {
   ASSERT_EQ(run(base() + " --steps 0 --out " + (root_ / "start").string()).exit_code, 0);
   const Result r = run(base() + " --steps 30 --lr 0.01 --out " + (root_ / "trained").string());
