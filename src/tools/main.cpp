@@ -10,16 +10,17 @@
 namespace {
 
 void print_usage(FILE* out) {
-  std::fprintf(out,
-               "usage: lockstep <command> [options]\n"
-               "\n"
-               "commands:\n"
-               "  train     train a model (Fashion-MNIST CNN by default); see 'lockstep train --help'\n"
-               "  run       one process per device for any program (torchrun's contract); see 'lockstep run --help'\n"
-               "  doctor    is this machine ready: GPUs, driver vs CUDA/NCCL, topology, /dev/shm, ...; exit 0/1/2\n"
-               "  top       live per-GPU utilization, memory, power, processes; logs and Prometheus; see 'lockstep top --help'\n"
-               "  bench     benchmarks beside their references; 'lockstep bench collectives --help'\n"
-               "  version   print the version\n");
+  std::fprintf(
+      out,
+      "usage: lockstep <command> [options]\n"
+      "\n"
+      "commands:\n"
+      "  train     train a model (Fashion-MNIST CNN by default); see 'lockstep train --help'\n"
+      "  run       one process per device for any program (torchrun's contract); see 'lockstep run --help'\n"
+      "  doctor    is this machine ready: GPUs, driver vs CUDA/NCCL, topology, /dev/shm, ...; exit 0/1/2\n"
+      "  top       live per-GPU utilization, memory, power, processes; logs and Prometheus; see 'lockstep top --help'\n"
+      "  bench     benchmarks beside their references; 'lockstep bench collectives --help'\n"
+      "  version   print the version\n");
 }
 
 }  // namespace

@@ -46,11 +46,11 @@ bool is_thermal_throttle(uint64_t reasons);
 bool is_power_throttle(uint64_t reasons);
 
 struct GpuDevice {
-  unsigned index = 0;       // NVML's index: PCI bus order
-  std::string name;         // "NVIDIA A100-SXM4-80GB"
-  std::string uuid;         // "GPU-8c2f…"
-  std::string pci_bus_id;   // "00000000:07:00.0"
-  int compute_major = 0;    // compute capability, 8.0 for A100
+  unsigned index = 0;      // NVML's index: PCI bus order
+  std::string name;        // "NVIDIA A100-SXM4-80GB"
+  std::string uuid;        // "GPU-8c2f…"
+  std::string pci_bus_id;  // "00000000:07:00.0"
+  int compute_major = 0;   // compute capability, 8.0 for A100
   int compute_minor = 0;
   std::optional<unsigned> multiprocessors;  // SM count, for CUDA's fastest-first order
 
@@ -66,8 +66,8 @@ struct GpuDevice {
   std::optional<bool> persistence_mode;
   std::optional<bool> ecc_enabled;
   std::optional<uint64_t> ecc_uncorrected_volatile, ecc_corrected_volatile;
-  std::optional<unsigned> retired_pages;        // single + double bit, all time
-  std::optional<bool> retired_pages_pending;    // a retirement waits for the next reset
+  std::optional<unsigned> retired_pages;      // single + double bit, all time
+  std::optional<bool> retired_pages_pending;  // a retirement waits for the next reset
 
   std::vector<GpuProcess> processes;  // compute processes
   // Calls that failed for this device: "nvmlDeviceGetPowerUsage: Not Supported".
@@ -97,11 +97,11 @@ struct GpuState {
   std::string load_error;  // "libnvidia-ml.so.1: cannot open shared object file" / "nvmlInit: Driver Not Loaded"
   bool loaded() const { return load_error.empty(); }
 
-  std::string driver_version;  // "535.129.03"
-  std::string nvml_version;    // "12.535.129.03"
+  std::string driver_version;   // "535.129.03"
+  std::string nvml_version;     // "12.535.129.03"
   int cuda_driver_version = 0;  // the newest CUDA the driver supports: 12020 for 12.2
 
-  std::vector<GpuDevice> devices;      // NVML (PCI bus) order
+  std::vector<GpuDevice> devices;              // NVML (PCI bus) order
   std::vector<std::vector<GpuPath>> topology;  // [i][j] by NVML index; empty when not asked for
   std::chrono::system_clock::time_point taken;
 };
