@@ -10,10 +10,10 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 
+#include "lockstep/core/device.h"
 #include "lockstep/core/error.h"
 #include "lockstep/gpu/device_order.h"
 #include "lockstep/gpu/nvml.h"
@@ -63,18 +63,6 @@ std::vector<std::string> long_flags(const std::vector<std::string>& args) {
   return out;
 }
 
-std::string hostname() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
-// Where the loader looks, for the no-GPU line (it may not name the file itself).
-std::string nvml_library_tried() {
-  const char* chosen = std::getenv("LOCKSTEP_NVML_LIBRARY");
-  return chosen != nullptr && *chosen != '\0' ? chosen : "libnvidia-ml.so.1";
-}
-
 // CUDA's number for each GPU (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER as this process
 // sees them), and one warning line when it differs from NVML's.
 void add_cuda_order(TopSample& sample) {
@@ -90,7 +78,7 @@ class Sampler {
     TopSample sample;
     sample.gpus = nvml_.read({.processes = true, .topology = false});
     sample.taken = std::chrono::system_clock::now();
-    sample.nvml_library_tried = nvml_library_tried();
+    sample.nvml_library_tried = gpu::Nvml::requested_library();
     if (!sample.shows_gpus()) {
       if (!cpu_) cpu_.emplace();
       sample.cpu = cpu_->read();
@@ -147,7 +135,7 @@ int top_main(const std::vector<std::string>& args) {
 
   Sampler sampler;
   History history;
-  const std::string host = hostname();
+  const std::string host = host_name();
   const auto period = std::chrono::duration<double>(options.interval);
   auto next = std::chrono::steady_clock::now();
   for (int64_t taken = 0; !g_stop && (options.count == 0 || taken < options.count);) {

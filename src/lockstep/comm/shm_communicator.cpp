@@ -33,12 +33,6 @@ struct ShmRegionTable {
 
 namespace {
 
-std::string host_name() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
 std::string segment_name(const std::string& base, int rank, uint64_t region) {
   return base + "-r" + std::to_string(rank) + "-" + std::to_string(region);
 }

@@ -1,6 +1,7 @@
 #include "lockstep/core/device.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <ostream>
 #include <thread>
@@ -40,6 +41,12 @@ int host_cores() {
   }
   const unsigned n = std::thread::hardware_concurrency();
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
 }  // namespace lockstep

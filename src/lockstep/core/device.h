@@ -36,6 +36,8 @@ std::ostream& operator<<(std::ostream& out, const Device& device);
 
 // Cores of this host available to the process (its CPU affinity mask).
 int host_cores();
+// This host's name (gethostname).
+std::string host_name();
 
 }  // namespace lockstep
 

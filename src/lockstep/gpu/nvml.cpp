@@ -261,10 +261,14 @@ class DeviceReader {
 
 }  // namespace
 
+std::string Nvml::requested_library() {
+  const char* chosen = std::getenv("LOCKSTEP_NVML_LIBRARY");
+  return chosen != nullptr && *chosen != '\0' ? chosen : kDriverLibrary;
+}
+
 Nvml::Nvml() : library_(std::make_unique<Library>()) {
   Library& lib = *library_;
-  const char* chosen = std::getenv("LOCKSTEP_NVML_LIBRARY");
-  const std::string requested = chosen != nullptr && *chosen != '\0' ? chosen : kDriverLibrary;
+  const std::string requested = requested_library();
   dlerror();
   lib.handle = dlopen(requested.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib.handle == nullptr) {

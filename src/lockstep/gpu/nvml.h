@@ -24,6 +24,9 @@ class Nvml {
   Nvml(const Nvml&) = delete;
   Nvml& operator=(const Nvml&) = delete;
 
+  // The file dlopen is asked for: LOCKSTEP_NVML_LIBRARY, else libnvidia-ml.so.1.
+  static std::string requested_library();
+
   bool loaded() const;
   const std::string& library_path() const;  // the file dlopen found (resolved path)
   const std::string& load_error() const;
