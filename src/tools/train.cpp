@@ -56,11 +56,8 @@ Evaluation evaluate(nn::Module& model, const Dataset& data) {
   int64_t correct = 0;
   for (int64_t start = 0; start < n; start += batch) {
     const int64_t end = std::min(n, start + batch);
-    const Tensor logits = model(slice(data.images, 0, start, end));
-    const int64_t classes = logits.size(logits.dim() - 1);
-    const int64_t predictions = logits.numel() / classes;
-    const Tensor flat_logits = logits.reshape({predictions, classes});
-    const Tensor labels = slice(data.labels, 0, start, end).contiguous().reshape({predictions});
+    const Tensor flat_logits = flatten(model(slice(data.images, 0, start, end)), 0, -2);  // [predictions, classes]
+    const Tensor labels = flatten(slice(data.labels, 0, start, end).contiguous(), 0);
     loss_sum += cross_entropy(flat_logits, labels, Reduction::sum).item();
     const auto predicted = argmax(flat_logits, 1).to_vector<int64_t>();
     const auto truth = labels.to_vector<int64_t>();

@@ -148,7 +148,7 @@ Gpt::Gpt(const GptConfig& config_, uint64_t seed) : Module("Gpt"), config(config
   initialize(*this, seed);
 }
 
-Tensor Gpt::forward(const Tensor& tokens) {
+Tensor gpt_positions(const Tensor& tokens, const GptConfig& config) {
   LOCKSTEP_CHECK(tokens.dim() == 2) << "Gpt: tokens must be [batch, time], got " << shape_str(tokens.shape());
   const int64_t t = tokens.size(1);
   LOCKSTEP_CHECK(t <= config.context) << "Gpt: sequence length " << t << " exceeds the model's context "
@@ -156,8 +156,13 @@ Tensor Gpt::forward(const Tensor& tokens) {
   LOCKSTEP_CHECK(t > 0) << "Gpt: empty sequence (tokens " << shape_str(tokens.shape()) << ")";
   std::vector<int64_t> positions(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = i;
+  return Tensor::from_vector(positions, {t}, tokens.device());
+}
+
+Tensor Gpt::forward(const Tensor& tokens) {
   // [B, T, width] + [T, width]: the position embedding broadcasts over the batch.
-  Tensor x = wte->forward(tokens) + wpe->forward(Tensor::from_vector(positions, {t}, tokens.device()));
+  const Tensor positions = gpt_positions(tokens, config);  // checks the shape first
+  Tensor x = wte->forward(tokens) + wpe->forward(positions);
   for (const std::shared_ptr<GptBlock>& block : h) {
     x = checkpoint_activations ? autograd::checkpoint([block](const Tensor& in) { return block->forward(in); }, x)
                                : block->forward(x);
@@ -171,8 +176,7 @@ Tensor gpt_loss(const Tensor& logits, const Tensor& targets) {
                  logits.size(1) == targets.size(1))
       << "gpt_loss: logits must be [B, T, V] and targets [B, T], got " << shape_str(logits.shape()) << " and "
       << shape_str(targets.shape());
-  const int64_t rows = logits.size(0) * logits.size(1);
-  return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}));
+  return cross_entropy(flatten(logits, 0, 1), flatten(targets, 0));
 }
 
 int64_t sample_token(const std::vector<float>& logits, double temperature, double u) {

@@ -102,6 +102,10 @@ class Gpt : public Module {
   std::shared_ptr<LayerNorm> ln_f;
 };
 
+// The positions 0 .. T-1 of tokens [B, T] (on their device), for the position embedding;
+// an Error unless 0 < T <= config.context.
+Tensor gpt_positions(const Tensor& tokens, const GptConfig& config);
+
 // Mean cross-entropy of logits [B, T, V] against targets [B, T] (the next tokens).
 Tensor gpt_loss(const Tensor& logits, const Tensor& targets);
 

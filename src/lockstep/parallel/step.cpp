@@ -33,11 +33,9 @@ Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& la
   // A sequence model predicts every position: its [count, T, classes] logits are count * T
   // predictions, each weighted 1/(batch * T), so the loss is the mean over every position
   // of the global batch.
-  const Tensor logits = model(x);
-  const int64_t classes = logits.size(logits.dim() - 1);
-  const int64_t predictions = logits.numel() / classes;
-  const double weight = static_cast<double>(batch * (predictions / count));
-  const Tensor loss = cross_entropy(logits.reshape({predictions, classes}), y.reshape({predictions}), Reduction::sum);
+  const Tensor logits = flatten(model(x), 0, -2);  // [predictions, classes]
+  const double weight = static_cast<double>(batch * (logits.size(0) / count));
+  const Tensor loss = cross_entropy(logits, flatten(y, 0), Reduction::sum);
   loss.backward(Tensor::scalar(1.0 / weight).to(device));
   return Tensor::full({1}, loss.item() / weight, DType::f64);
 }

@@ -55,24 +55,17 @@ TensorParallelGpt::TensorParallelGpt(const nn::Gpt& full, std::shared_ptr<comm::
 }
 
 Tensor TensorParallelGpt::forward(const Tensor& tokens) {
-  LOCKSTEP_CHECK(tokens.dim() == 2 && tokens.size(1) <= config.context)
-      << "TensorParallelGpt: tokens must be [batch, time <= " << config.context << "], got "
-      << shape_str(tokens.shape());
-  const int64_t t = tokens.size(1);
-  std::vector<int64_t> positions(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = i;
-  Tensor x = wte->forward(tokens) + wpe->forward(Tensor::from_vector(positions, {t}, tokens.device()));
+  const Tensor positions = nn::gpt_positions(tokens, config);  // checks the shape first
+  Tensor x = wte->forward(tokens) + wpe->forward(positions);
   for (const auto& block : h) x = block->forward(x);
   // The tied head: this rank's rows of the table give its columns of the logits.
   return linear(copy_to_tensor_parallel(ln_f->forward(x), group_), wte->weight);
 }
 
 Tensor TensorParallelGpt::loss(const Tensor& tokens, const Tensor& targets) {
-  const Tensor logits = forward(tokens);
-  const int64_t predictions = logits.size(0) * logits.size(1);
-  const Tensor losses = vocab_parallel_cross_entropy(logits.reshape({predictions, logits.size(2)}),
-                                                     targets.contiguous().reshape({predictions}), wte->first, group_);
-  return sum(losses) * (1.0 / static_cast<double>(predictions));
+  const Tensor losses = vocab_parallel_cross_entropy(flatten(forward(tokens), 0, 1), flatten(targets.contiguous(), 0),
+                                                     wte->first, group_);
+  return sum(losses) * (1.0 / static_cast<double>(losses.numel()));
 }
 
 }  // namespace lockstep::parallel
