@@ -17,12 +17,14 @@
 #include "lockstep/nn/init.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
+#include "testing/torch_match.h"
 
 namespace lockstep {
 namespace {
 
 using nn::Gpt;
 using nn::GptConfig;
+using testing::expect_matches;
 
 // The fixture's config (make_gpt_fixture.py's CONFIG).
 GptConfig fixture_config() {
@@ -49,28 +51,6 @@ std::string thrown_message(const std::function<void()>& f) {
     return e.what();
   }
   return "(no Error thrown)";
-}
-
-// |got - want| <= 1e-5 |want| + 1e-5 max|want|: the tolerance of torch_crosscheck_test.cpp,
-// whose comment explains it; PyTorch's own float32 run uses under 7% of it here.
-void expect_matches(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what << ": Lockstep produced no tensor";
-  ASSERT_EQ(got.shape(), want.shape()) << what << ": shape " << shape_str(got.shape()) << ", PyTorch has "
-                                       << shape_str(want.shape());
-  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  double scale = 0;
-  for (const double v : w) scale = std::max(scale, std::abs(v));
-  int64_t bad = 0;
-  size_t worst = 0;
-  double worst_ratio = 0;
-  for (size_t k = 0; k < w.size(); ++k) {
-    const double ratio = std::abs(g[k] - w[k]) / (1e-5 * std::abs(w[k]) + 1e-5 * scale);
-    if (!(ratio <= 1)) ++bad;  // NaN counts as bad
-    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = k;
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << w.size() << " elements differ from PyTorch; worst at " << worst
-                    << ": Lockstep " << g[worst] << ", PyTorch " << w[worst] << " (" << worst_ratio
-                    << "x the tolerance)";
 }
 
 TEST(GptTorch, LogitsLossAndGradientsMatchPytorch) {
