@@ -17,6 +17,7 @@ struct DeviceTimes {
   double compute = 0;      // forward, backward and folding its micro-batches
   double wait = 0;         // at the all-reduce, until the slowest device arrived
   double communicate = 0;  // the all-reduce itself (with overlap: the part backward did not hide)
+  double bubble = 0;       // pipeline: idle, waiting for a neighbouring stage's activations or gradients
   double optimizer = 0;    // the optimizer step
 };
 

@@ -2,6 +2,7 @@
 
 #include "lockstep/autograd/node.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/parallel/shard.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -14,21 +15,9 @@ Tensor reduced(const Tensor& x, comm::Communicator& group) {
   return out;
 }
 
-// Rows (axis 0) or columns (axis 1) [r·n/T, (r+1)·n/T) of `t`, as a new parameter; with
-// `parts` > 1, that shard of each of `parts` equal blocks along the axis, concatenated.
+// This rank's shard of a full layer's tensor, as a new parameter.
 Tensor shard(const Tensor& t, int64_t axis, const comm::Communicator& group, const char* what, int64_t parts = 1) {
-  const int64_t n = t.size(axis) / parts, ranks = group.size();
-  LOCKSTEP_CHECK(n * parts == t.size(axis) && n % ranks == 0)
-      << what << ": " << n << " features do not cut into " << ranks
-      << " equal tensor-parallel shards; use a tensor-parallel size that divides " << n;
-  const int64_t size = n / ranks;
-  std::vector<Tensor> pieces;
-  for (int64_t p = 0; p < parts; ++p) {
-    const int64_t begin = p * n + size * group.rank();
-    pieces.push_back(slice(t, axis, begin, begin + size));
-  }
-  Tensor piece = (parts == 1 ? pieces[0] : concat(pieces, axis)).contiguous().clone();
-  return piece.set_requires_grad(true);
+  return shard_of(t, axis, group.rank(), group.size(), what, parts).set_requires_grad(true);
 }
 
 }  // namespace

@@ -1,0 +1,298 @@
+#include "lockstep/parallel/gpt_mesh.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+
+#include "lockstep/autograd/grad_mode.h"
+#include "lockstep/ops/ops.h"
+#include "lockstep/parallel/gradient_tree.h"
+
+namespace lockstep::parallel {
+namespace {
+
+// Point-to-point tags: each pair of stages sees its messages in the order sent, and the
+// tag checks that both sides agree on what comes next.
+enum Tag : int { kActivation = 0, kGradient = 1, kTiedGradient = 2, kTiedWeight = 3 };
+
+// "state.<index>.<slot>" -> (index, slot); false for other keys ("step").
+bool parse_state_key(const std::string& key, size_t& index, std::string& slot) {
+  if (!key.starts_with("state.")) return false;
+  const size_t dot = key.find('.', 6);
+  if (dot == std::string::npos) return false;
+  index = std::stoul(key.substr(6, dot - 6));
+  slot = key.substr(dot + 1);
+  return true;
+}
+
+std::string state_key(size_t index, const std::string& slot) {
+  std::string key = "state.";
+  key += std::to_string(index);
+  key += '.';
+  key += slot;
+  return key;
+}
+
+bool per_element_slot(const optim::Optimizer& optimizer, const std::string& slot) {
+  for (const optim::StateSlot& s : optimizer.slots())
+    if (s.name == slot) return s.per_element;
+  return false;
+}
+
+size_t index_of(const std::vector<std::string>& names, const std::string& name) {
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return i;
+  LOCKSTEP_FAIL() << "parameter " << name << " is not one of the full model's " << names.size() << " parameters";
+  std::abort();  // unreachable: the line above throws
+}
+
+// The ranks of a replica ordered (stage, tensor-parallel rank).
+std::vector<const GptMeshRank*> by_stage_and_tp(std::vector<const GptMeshRank*> replica) {
+  std::sort(replica.begin(), replica.end(), [](const GptMeshRank* a, const GptMeshRank* b) {
+    const MeshCoord ca = a->mesh().coord(), cb = b->mesh().coord();
+    return std::pair(ca.pp, ca.tp) < std::pair(cb.pp, cb.tp);
+  });
+  return replica;
+}
+
+}  // namespace
+
+std::vector<int64_t> gpt_blocks_per_stage(const nn::GptConfig& config, const GptMeshOptions& options) {
+  if (!options.blocks_per_stage.empty()) {
+    int64_t total = 0;
+    for (const int64_t n : options.blocks_per_stage) {
+      LOCKSTEP_CHECK(n >= 1) << "every pipeline stage needs at least one block";
+      total += n;
+    }
+    LOCKSTEP_CHECK(static_cast<int>(options.blocks_per_stage.size()) == options.mesh.pp && total == config.layers)
+        << options.blocks_per_stage.size() << " stage sizes holding " << total << " blocks, for " << options.mesh.pp
+        << " stages of a " << config.layers << "-block model";
+    return options.blocks_per_stage;
+  }
+  const int64_t w = config.width;
+  const int64_t block = 12 * w * w + 13 * w;  // c_attn, c_proj, c_fc, c_proj with biases, two layer norms
+  return balance_stages(config.layers, block, (config.vocab + config.context) * w, 2 * w, options.mesh.pp);
+}
+
+GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std::shared_ptr<comm::Communicator> world,
+                         Device device, const OptimizerFactory& make_optimizer)
+    : options_(options), mesh_(std::move(world), options.mesh), device_(device) {
+  LOCKSTEP_CHECK(options.micro_batch >= 1)
+      << "the micro-batch must hold at least one sample, got " << options.micro_batch;
+  const std::vector<GptStagePlan> plans = gpt_stage_plans(gpt_blocks_per_stage(full.config, options));
+  stage_ = std::make_unique<GptStage>(full, plans.at(static_cast<size_t>(mesh_.coord().pp)), mesh_.tp_group());
+  stage_->checkpoint_activations = options.checkpoint_activations;
+  // Each rank's part lives on its own device, so memory_stats(device) is that device's memory.
+  for (const Tensor& p : stage_->parameters()) p.set_data(p.to(device));
+  if (stage_->last() && !stage_->first()) stage_->head_weight.set_data(stage_->head_weight.to(device));
+  gradients_ = std::make_unique<FlatGradients>(stage_->parameters());
+  optimizer_ = make_optimizer(stage_->parameters());
+}
+
+GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_t first_sample,
+                                           uint64_t step, uint64_t seed) {
+  StepOutcome outcome;
+  DeviceTimes& times = outcome.times;
+  StepClock::time_point start = StepClock::now();
+  times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
+  const MeshShape& shape = mesh_.shape();
+  const int64_t batch = tokens.size(0), context = tokens.size(1), micro = options_.micro_batch;
+  LOCKSTEP_CHECK(tokens.dim() == 2 && targets.shape() == tokens.shape())
+      << "GptMeshRank: tokens and targets must both be [batch, time], got " << shape_str(tokens.shape()) << " and "
+      << shape_str(targets.shape());
+  const std::string layout_error = check_step_layout(batch, micro, shape.dp);
+  LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
+  const int64_t share = batch / shape.dp, first = mesh_.coord().dp * share, micro_batches = share / micro;
+  const int stage = mesh_.coord().pp, stages = shape.pp;
+  GptStage& part = *stage_;
+  comm::Communicator& pp = *mesh_.pp_group();
+  // Each prediction weighs 1/(batch · T): the loss is the mean over the global batch.
+  const double weight = static_cast<double>(batch * context);
+
+  struct InFlight {
+    Tensor input, output;  // output: the loss sum on the last stage
+  };
+  std::vector<InFlight> in_flight(static_cast<size_t>(micro_batches));
+  std::vector<comm::Work> sends;
+  std::vector<Tensor> sent;  // alive until their sends complete
+  GradientTree tree;
+  const auto timed_recv = [&](const Tensor& buffer, int peer, int tag) {
+    const StepClock::time_point wait = StepClock::now();
+    pp.recv(buffer, peer, tag);
+    times.bubble += seconds_since(wait);
+  };
+  const auto send = [&](const Tensor& tensor, int peer, int tag) {
+    sent.push_back(tensor.contiguous());
+    sends.push_back(pp.send_async(sent.back(), peer, tag));
+  };
+  const std::vector<PipelineOp> ops = pipeline_ops(options_.schedule, stage, stages, micro_batches);
+  most_in_flight_ = parallel::most_in_flight(ops);
+  for (const PipelineOp& op : ops) {
+    InFlight& slot = in_flight[static_cast<size_t>(op.micro_batch)];
+    const int64_t row = first + op.micro_batch * micro;
+    if (op.forward) {
+      if (part.first()) {
+        slot.input = slice(tokens, 0, row, row + micro).to(device_);
+      } else {
+        slot.input = Tensor::empty({micro, context, part.config.width}, DType::f32, device_);
+        timed_recv(slot.input, stage - 1, kActivation);
+        slot.input.set_requires_grad(true);
+      }
+      const StepClock::time_point compute = StepClock::now();
+      part.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + row});
+      const Tensor output = part.forward(slot.input);
+      slot.output = part.last() ? part.loss_sum(output, slice(targets, 0, row, row + micro).to(device_)) : output;
+      times.compute += seconds_since(compute);
+      if (!part.last()) send(slot.output.detach(), stage + 1, kActivation);
+      continue;
+    }
+    Tensor gradient;
+    if (part.last()) {
+      gradient = Tensor::scalar(1.0 / weight).to(device_);
+    } else {
+      gradient = Tensor::empty(slot.output.shape(), DType::f32, device_);
+      timed_recv(gradient, stage + 1, kGradient);
+    }
+    StepClock::time_point compute = StepClock::now();
+    slot.output.backward(gradient);
+    times.compute += seconds_since(compute);
+    if (!part.first()) send(slot.input.grad(), stage - 1, kGradient);
+    if (part.last() && !part.first()) {
+      send(part.head_weight.grad(), 0, kTiedGradient);
+      part.head_weight.set_grad(Tensor());
+    }
+    if (part.first() && !part.last()) {
+      // The head's use of the tied weight, added to the embedding's as one device adds them.
+      const Tensor head = Tensor::empty(part.head_weight.shape(), DType::f32, device_);
+      timed_recv(head, stages - 1, kTiedGradient);
+      NoGradGuard no_grad;
+      part.head_weight.grad().copy_from(part.head_weight.grad() + head);
+    }
+    compute = StepClock::now();
+    std::vector<Tensor> leaf{gradients_->take_all()};
+    if (part.last()) leaf.push_back(Tensor::full({1}, slot.output.item() / weight, DType::f64));
+    tree.add_leaf(std::move(leaf));
+    slot = InFlight{};  // this micro-batch's activations go now
+    times.compute += seconds_since(compute);
+  }
+  std::vector<Tensor> sums = tree.finish();
+  start = StepClock::now();
+  for (comm::Work& work : sends) work.wait();
+  times.bubble += seconds_since(start);
+
+  // The top of the tree: the replicas' subtrees, in tree order.
+  comm::Communicator& dp = *mesh_.dp_group();
+  start = StepClock::now();
+  dp.barrier();  // so the wait for the slowest replica is not counted as communication
+  times.wait = seconds_since(start);
+  start = StepClock::now();
+  dp.all_reduce(sums[0]);
+  const Tensor loss = part.last() ? sums[1] : Tensor::zeros({1}, DType::f64);
+  if (part.last()) dp.all_reduce(loss);
+  pp.broadcast(loss, stages - 1);
+  outcome.loss = loss.data<double>()[0];
+  times.communicate = seconds_since(start);
+
+  start = StepClock::now();
+  gradients_->give(sums[0]);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  times.optimizer = seconds_since(start);
+  start = StepClock::now();
+  if (part.first() && !part.last()) pp.send(part.head_weight, stages - 1, kTiedWeight);
+  if (part.last() && !part.first()) pp.recv(part.head_weight, 0, kTiedWeight);
+  times.communicate += seconds_since(start);
+  return outcome;
+}
+
+void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& optimizer_state,
+                            const std::vector<std::string>& full_names) {
+  const int tp_rank = mesh_.coord().tp, tp_size = mesh_.shape().tp;
+  const std::vector<ShardSpec> specs = stage_->shard_specs();
+  const NamedTensors local = stage_->named_parameters();
+  const auto full_tensor = [&](const std::string& name) -> const Tensor& {
+    for (const auto& [key, tensor] : weights)
+      if (key == name) return tensor;
+    LOCKSTEP_FAIL() << "the full model's weights have no " << name;
+    std::abort();  // unreachable: the line above throws
+  };
+  NoGradGuard no_grad;
+  size_t i = 0;
+  for (const auto& [name, parameter] : local) {
+    parameter.copy_from(shard_of(full_tensor(specs[i].full_name), specs[i], tp_rank, tp_size));
+    ++i;
+  }
+  if (stage_->last() && !stage_->first()) {
+    stage_->head_weight.copy_from(shard_of(full_tensor("wte.weight"), ShardSpec{"wte.weight", 0}, tp_rank, tp_size));
+  }
+  // Full parameter index -> this rank's.
+  std::map<size_t, size_t> local_index;
+  for (size_t j = 0; j < specs.size(); ++j) local_index[index_of(full_names, specs[j].full_name)] = j;
+  NamedTensors state;
+  for (const auto& [key, tensor] : optimizer_state) {
+    size_t index = 0;
+    std::string slot;
+    if (!parse_state_key(key, index, slot)) {
+      state.emplace_back(key, tensor);
+      continue;
+    }
+    const auto it = local_index.find(index);
+    if (it == local_index.end()) continue;  // another stage's parameter
+    const ShardSpec& spec = specs[it->second];
+    state.emplace_back(state_key(it->second, slot),
+                       per_element_slot(*optimizer_, slot) ? shard_of(tensor, spec, tp_rank, tp_size) : tensor);
+  }
+  optimizer_->load_state_dict(state);
+}
+
+NamedTensors gather_full_weights(const std::vector<const GptMeshRank*>& replica) {
+  std::map<std::string, std::vector<Tensor>> shards;
+  std::map<std::string, ShardSpec> spec_of;
+  for (const GptMeshRank* rank : by_stage_and_tp(replica)) {
+    const std::vector<ShardSpec> specs = rank->stage().shard_specs();
+    size_t i = 0;
+    for (const auto& [name, parameter] : rank->stage().named_parameters()) {
+      shards[specs[i].full_name].push_back(parameter.to(Device::cpu()));
+      spec_of[specs[i].full_name] = specs[i];
+      ++i;
+    }
+  }
+  NamedTensors full;
+  for (const auto& [name, pieces] : shards) full.emplace_back(name, unshard(pieces, spec_of.at(name)));
+  return full;
+}
+
+NamedTensors gather_full_optimizer_state(const std::vector<const GptMeshRank*>& replica,
+                                         const std::vector<std::string>& full_names) {
+  struct Pieces {
+    ShardSpec spec;
+    bool per_element = false;
+    std::vector<Tensor> shards;  // in tensor-parallel rank order
+  };
+  std::map<std::pair<size_t, std::string>, Pieces> pieces;  // by (full index, slot)
+  NamedTensors full;
+  bool have_step = false;
+  for (const GptMeshRank* rank : by_stage_and_tp(replica)) {
+    const std::vector<ShardSpec> specs = rank->stage().shard_specs();
+    for (const auto& [key, tensor] : rank->optimizer().state_dict()) {
+      size_t index = 0;
+      std::string slot;
+      if (!parse_state_key(key, index, slot)) {
+        if (!have_step) full.emplace_back(key, tensor.to(Device::cpu()).clone());  // "step": the same on every rank
+        have_step = true;
+        continue;
+      }
+      Pieces& p = pieces[{index_of(full_names, specs.at(index).full_name), slot}];
+      p.spec = specs[index];
+      p.per_element = per_element_slot(rank->optimizer(), slot);
+      p.shards.push_back(tensor.to(Device::cpu()));
+    }
+  }
+  for (const auto& [where, p] : pieces) {
+    full.emplace_back(state_key(where.first, where.second),
+                      p.per_element ? unshard(p.shards, p.spec) : p.shards[0].clone());
+  }
+  return full;
+}
+
+}  // namespace lockstep::parallel

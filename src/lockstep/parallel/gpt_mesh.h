@@ -1,0 +1,86 @@
+// One device's rank of a GPT trained on a D × T × P device mesh (device_mesh.h): its
+// pipeline stage's blocks, cut across its tensor-parallel group (gpt_stage.h), trained on
+// its data-parallel replica's share of each global batch.
+//
+// A step follows the step's tree (step.h): the replica's contiguous run of micro-batches
+// streams through the stages under a GPipe or 1F1B schedule (pipeline_schedule.h),
+// activations forward and their gradients backward by send/recv; each stage folds its
+// micro-batch gradients into a GradientTree in micro-batch order, the replicas' subtrees are
+// all-reduced in tree order, and every rank steps its own parameters. The head tied to the
+// token embedding lives on the last stage as a copy: its gradient goes to the first stage
+// after each micro-batch (summed there as one device sums the two uses) and the trained
+// weight comes back after each step. Without tensor parallelism, the weights are the same
+// bits as on one device for the same (seed, global batch, micro-batch); with it, the sums of
+// partial products round differently.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "lockstep/nn/gpt.h"
+#include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/device_mesh.h"
+#include "lockstep/parallel/gpt_stage.h"
+#include "lockstep/parallel/pipeline_schedule.h"
+#include "lockstep/parallel/sharded_optimizer.h"
+#include "lockstep/parallel/step.h"
+
+namespace lockstep::parallel {
+
+struct GptMeshOptions {
+  MeshShape mesh;
+  std::vector<int64_t> blocks_per_stage;  // empty: balanced by parameter count
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int64_t micro_batch = 1;
+  bool checkpoint_activations = false;
+};
+
+// Blocks per stage for the options: the given ones, checked, or balanced by parameters.
+std::vector<int64_t> gpt_blocks_per_stage(const nn::GptConfig& config, const GptMeshOptions& options);
+
+class GptMeshRank {
+ public:
+  // Collective over `world` (mesh.size() ranks): builds the groups, then this rank's stage
+  // from `full` (every rank passes the same weights) on `device`, and its optimizer.
+  GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std::shared_ptr<comm::Communicator> world,
+              Device device, const OptimizerFactory& make_optimizer);
+
+  struct StepOutcome {
+    double loss = 0;  // mean cross-entropy over the global batch, the same on every rank
+    DeviceTimes times;
+  };
+  // One optimizer step on the global batch, tokens and targets [B, T] (every rank is given
+  // all of it and takes its replica's share), whose first sample has global index
+  // first_sample. Collective over the mesh.
+  StepOutcome step(const Tensor& tokens, const Tensor& targets, int64_t first_sample, uint64_t step, uint64_t seed);
+
+  const DeviceMesh& mesh() const { return mesh_; }
+  GptStage& stage() { return *stage_; }
+  const GptStage& stage() const { return *stage_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const optim::Optimizer& optimizer() const { return *optimizer_; }
+  // Micro-batches of activations this rank held at once in its last step.
+  int64_t most_in_flight() const { return most_in_flight_; }
+
+  // Takes this rank's part of the full model's weights and of the optimizer state an
+  // unsharded optimizer over `full_names` (the full model's parameters in order) holds.
+  void load_full(const NamedTensors& weights, const NamedTensors& optimizer_state,
+                 const std::vector<std::string>& full_names);
+
+ private:
+  GptMeshOptions options_;
+  DeviceMesh mesh_;
+  Device device_;
+  std::unique_ptr<GptStage> stage_;
+  std::unique_ptr<FlatGradients> gradients_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  int64_t most_in_flight_ = 0;
+};
+
+// The full model's weights and unsharded optimizer state, assembled in one process from
+// the ranks of one replica (every stage and tensor-parallel rank of one dp coordinate).
+NamedTensors gather_full_weights(const std::vector<const GptMeshRank*>& replica);
+NamedTensors gather_full_optimizer_state(const std::vector<const GptMeshRank*>& replica,
+                                         const std::vector<std::string>& full_names);
+
+}  // namespace lockstep::parallel

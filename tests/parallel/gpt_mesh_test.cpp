@@ -1,0 +1,240 @@
+// A GPT trained on D x T x P meshes of ranks (threads over one local group) against the same
+// GPT on one device, same seed and batches: without tensor parallelism the weights are the
+// same bits (pipelines under both schedules, uneven stages, pipelines beside data
+// parallelism); with it, the loss stays within 1e-5 relative. Every mesh of 8 devices is
+// run. Checkpoints move between layouts: weights and optimizer state gathered from one mesh
+// and cut for another continue exactly as on one device.
+#include "lockstep/parallel/gpt_mesh.h"
+
+#include <gtest/gtest.h>
+
+#include "lockstep/core/philox.h"
+#include "lockstep/optim/adamw.h"
+#include "lockstep/parallel/data_parallel.h"
+#include "parallel/rank_threads.h"
+
+namespace lockstep::parallel {
+namespace {
+
+using rank_threads::expect_no_errors;
+using rank_threads::run_ranks;
+
+constexpr uint64_t kSeed = 11;
+constexpr int64_t kBatch = 16, kMicro = 2;
+
+struct Batch {
+  Tensor tokens, targets;
+};
+
+// Tokens and targets [kBatch, context] from Philox(kSeed, 500 + step).
+Batch batch_at(uint64_t step, int64_t context) {
+  Philox rng(kSeed, 500 + step);
+  std::vector<int64_t> tokens(static_cast<size_t>(kBatch * context)), targets(tokens.size());
+  for (int64_t& t : tokens) t = rng.next_u32() % 256;
+  for (int64_t& t : targets) t = rng.next_u32() % 256;
+  return {Tensor::from_vector(tokens, {kBatch, context}), Tensor::from_vector(targets, {kBatch, context})};
+}
+
+std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+}
+
+std::vector<std::string> parameter_names(const nn::Module& model) {
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : model.named_parameters()) names.push_back(name);
+  return names;
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  NamedTensors weights, optimizer_state;
+};
+
+// One device: the data-parallel engine on a single device, from `start` if given.
+Outcome one_device(const nn::GptConfig& config, int steps, uint64_t first_step = 0, const Outcome* start = nullptr) {
+  DataParallel dp(
+      {.devices = 1, .micro_batch = kMicro}, [&](int) { return std::make_shared<nn::Gpt>(config, kSeed); }, adamw);
+  if (start) {
+    dp.replica(0).load_state_dict(start->weights);
+    dp.load_optimizer_state(start->optimizer_state);
+  }
+  Outcome run;
+  for (uint64_t s = first_step; s < first_step + static_cast<uint64_t>(steps); ++s) {
+    const Batch b = batch_at(s, config.context);
+    run.losses.push_back(dp.step(b.tokens, b.targets, static_cast<int64_t>(s) * kBatch, s, kSeed).loss);
+  }
+  run.weights = dp.replica(0).state_dict();
+  run.optimizer_state = dp.optimizer_state();
+  return run;
+}
+
+// The mesh, from `start` if given; the weights and state gathered from replica 0.
+Outcome on_mesh(const nn::GptConfig& config, GptMeshOptions options, int steps, uint64_t first_step = 0,
+                const Outcome* start = nullptr) {
+  options.micro_batch = kMicro;
+  const int ranks = options.mesh.size();
+  std::vector<std::unique_ptr<GptMeshRank>> parts(static_cast<size_t>(ranks));
+  std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
+  const nn::Gpt full(config, kSeed);
+  const std::vector<std::string> names = parameter_names(full);
+  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& world) {
+    auto part = std::make_unique<GptMeshRank>(full, options, world, Device::cpu(r), adamw);
+    if (start) part->load_full(start->weights, start->optimizer_state, names);
+    for (uint64_t s = first_step; s < first_step + static_cast<uint64_t>(steps); ++s) {
+      const Batch b = batch_at(s, config.context);
+      losses[static_cast<size_t>(r)].push_back(
+          part->step(b.tokens, b.targets, static_cast<int64_t>(s) * kBatch, s, kSeed).loss);
+    }
+    parts[static_cast<size_t>(r)] = std::move(part);
+  }));
+  for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[static_cast<size_t>(r)], losses[0]) << "loss on rank " << r;
+  std::vector<const GptMeshRank*> replica;
+  for (const auto& part : parts) {
+    if (part && part->mesh().coord().dp == 0) replica.push_back(part.get());
+  }
+  Outcome run;
+  run.losses = losses[0];
+  if (replica.size() != static_cast<size_t>(options.mesh.tp * options.mesh.pp)) return run;  // a rank failed
+  run.weights = gather_full_weights(replica);
+  run.optimizer_state = gather_full_optimizer_state(replica, names);
+  return run;
+}
+
+const Tensor& find(const NamedTensors& named, const std::string& name) {
+  for (const auto& [key, tensor] : named)
+    if (key == name) return tensor;
+  static const Tensor none;
+  return none;
+}
+
+// Every entry of `expected` is in `actual` with the same bits.
+void expect_same_bits(const NamedTensors& actual, const NamedTensors& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (const auto& [name, tensor] : expected) {
+    const Tensor& other = find(actual, name);
+    ASSERT_TRUE(other.defined()) << what << ": no " << name;
+    ASSERT_EQ(other.shape(), tensor.shape()) << what << ": " << name;
+    ASSERT_EQ(other.dtype(), tensor.dtype()) << what << ": " << name;
+    EXPECT_EQ(std::memcmp(other.raw_data(), tensor.contiguous().raw_data(), tensor.nbytes()), 0)
+        << what << ": " << name << " differs";
+  }
+}
+
+void expect_close_losses(const std::vector<double>& actual, const std::vector<double>& expected, double relative) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t s = 0; s < actual.size(); ++s)
+    EXPECT_NEAR(actual[s], expected[s], relative * std::abs(expected[s])) << "loss of step " << s;
+}
+
+GptMeshOptions with_mesh(const MeshShape& shape, PipelineSchedule schedule = PipelineSchedule::one_f_one_b) {
+  GptMeshOptions options;
+  options.mesh = shape;
+  options.schedule = schedule;
+  return options;
+}
+
+const nn::GptConfig kFourBlocks{.vocab = 256, .context = 8, .layers = 4, .heads = 4, .width = 16};
+
+TEST(GptMesh, OneRankIsOneDevice) {
+  const Outcome reference = one_device(kFourBlocks, 3);
+  const Outcome mesh = on_mesh(kFourBlocks, {}, 3);
+  EXPECT_EQ(mesh.losses, reference.losses);
+  expect_same_bits(mesh.weights, reference.weights, "weights");
+  expect_same_bits(mesh.optimizer_state, reference.optimizer_state, "optimizer state");
+}
+
+TEST(GptMesh, PipelineGivesTheBitsOfOneDeviceUnderBothSchedules) {
+  const Outcome reference = one_device(kFourBlocks, 3);
+  for (const PipelineSchedule schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
+    for (const int stages : {2, 4}) {
+      SCOPED_TRACE(std::string(pipeline_schedule_name(schedule)) + " over " + std::to_string(stages) + " stages");
+      const Outcome mesh = on_mesh(kFourBlocks, with_mesh({.pp = stages}, schedule), 3);
+      EXPECT_EQ(mesh.losses, reference.losses);
+      expect_same_bits(mesh.weights, reference.weights, "weights");
+      expect_same_bits(mesh.optimizer_state, reference.optimizer_state, "optimizer state");
+    }
+  }
+}
+
+TEST(GptMesh, UnevenStagesAndCheckpointedActivationsGiveTheSameBits) {
+  const Outcome reference = one_device(kFourBlocks, 2);
+  GptMeshOptions uneven = with_mesh({.pp = 2});
+  uneven.blocks_per_stage = {3, 1};
+  uneven.checkpoint_activations = true;
+  const Outcome mesh = on_mesh(kFourBlocks, uneven, 2);
+  EXPECT_EQ(mesh.losses, reference.losses);
+  expect_same_bits(mesh.weights, reference.weights, "weights");
+}
+
+TEST(GptMesh, PipelineBesideDataParallelGivesTheSameBits) {
+  const Outcome reference = one_device(kFourBlocks, 3);
+  const Outcome mesh = on_mesh(kFourBlocks, with_mesh({.dp = 2, .pp = 2}), 3);
+  EXPECT_EQ(mesh.losses, reference.losses);
+  expect_same_bits(mesh.weights, reference.weights, "weights");
+}
+
+TEST(GptMesh, TensorParallelLossStaysWithin1e5For20Steps) {
+  const Outcome reference = one_device(kFourBlocks, 20);
+  const Outcome mesh = on_mesh(kFourBlocks, with_mesh({.tp = 2}), 20);
+  expect_close_losses(mesh.losses, reference.losses, 1e-5);
+}
+
+TEST(GptMesh, EveryMeshOf8Devices) {
+  const nn::GptConfig config{.vocab = 256, .context = 8, .layers = 8, .heads = 8, .width = 32};
+  const Outcome reference = one_device(config, 2);
+  for (const int dp : {1, 2, 4, 8}) {
+    for (const int tp : {1, 2, 4, 8}) {
+      if (8 % (dp * tp) != 0) continue;
+      const int pp = 8 / (dp * tp);
+      const MeshShape shape{.dp = dp, .tp = tp, .pp = pp};
+      SCOPED_TRACE(shape.str());
+      const Outcome mesh = on_mesh(config, with_mesh(shape), 2);
+      if (tp == 1) {
+        EXPECT_EQ(mesh.losses, reference.losses);
+        expect_same_bits(mesh.weights, reference.weights, "weights");
+      } else {
+        expect_close_losses(mesh.losses, reference.losses, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(GptMesh, ACheckpointMovesBetweenLayouts) {
+  const Outcome reference = one_device(kFourBlocks, 4);
+  // Trained on a pipeline, resumed on one device and on tensor x pipeline parallelism.
+  const Outcome first_half = on_mesh(kFourBlocks, with_mesh({.pp = 2}), 2);
+  const Outcome on_one = one_device(kFourBlocks, 2, 2, &first_half);
+  EXPECT_EQ(on_one.losses, std::vector<double>(reference.losses.begin() + 2, reference.losses.end()));
+  expect_same_bits(on_one.weights, reference.weights, "pp 2 -> one device");
+  const Outcome on_pipeline = on_mesh(kFourBlocks, with_mesh({.pp = 4}), 2, 2, &first_half);
+  expect_same_bits(on_pipeline.weights, reference.weights, "pp 2 -> pp 4");
+  expect_same_bits(on_pipeline.optimizer_state, reference.optimizer_state, "pp 2 -> pp 4 optimizer state");
+  // Tensor parallel -> pipeline: the same as tensor parallel -> one device.
+  const Outcome tensor_half = on_mesh(kFourBlocks, with_mesh({.tp = 2}), 2);
+  const Outcome then_one = one_device(kFourBlocks, 2, 2, &tensor_half);
+  const Outcome then_pipeline = on_mesh(kFourBlocks, with_mesh({.tp = 2, .pp = 2}), 2, 2, &tensor_half);
+  expect_close_losses(then_pipeline.losses, then_one.losses, 1e-5);
+  const Outcome then_pipeline_only = on_mesh(kFourBlocks, with_mesh({.pp = 2}), 2, 2, &tensor_half);
+  expect_same_bits(then_pipeline_only.weights, then_one.weights, "tp 2 -> pp 2");
+}
+
+TEST(GptMesh, UnevenSplitsAreErrorsThatSayWhatDividesWhat) {
+  const auto error_of = [](const nn::GptConfig& config, const GptMeshOptions& options) {
+    const std::vector<std::string> errors = run_ranks(options.mesh.size(), [&](int r, const auto& world) {
+      const nn::Gpt full(config, kSeed);
+      GptMeshRank part(full, options, world, Device::cpu(r), adamw);
+    });
+    return errors[0];
+  };
+  const nn::GptConfig three_heads{.vocab = 256, .context = 8, .layers = 2, .heads = 3, .width = 24};
+  EXPECT_NE(error_of(three_heads, with_mesh({.tp = 2})).find("3 heads do not go to 2 ranks"), std::string::npos)
+      << error_of(three_heads, with_mesh({.tp = 2}));
+  EXPECT_NE(error_of(kFourBlocks, with_mesh({.pp = 8})).find("4 transformer blocks cannot fill 8"), std::string::npos);
+  // Layers that stages do not divide evenly are fine: balanced by parameters.
+  EXPECT_EQ(
+      error_of(nn::GptConfig{.vocab = 256, .context = 8, .layers = 3, .heads = 2, .width = 8}, with_mesh({.pp = 2})),
+      "");
+}
+
+}  // namespace
+}  // namespace lockstep::parallel
