@@ -6,7 +6,7 @@
 namespace lockstep::tools {
 namespace {
 
-double busy(const parallel::DeviceTimes& t) { return t.compute + t.wait + t.communicate + t.optimizer; }
+double busy(const parallel::DeviceTimes& t) { return t.compute + t.bubble + t.wait + t.communicate + t.optimizer; }
 
 double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
@@ -26,11 +26,14 @@ void DeviceReport::add_step(const std::vector<parallel::DeviceTimes>& step) {
     totals_[d].compute += t.compute;
     totals_[d].wait += t.wait;
     totals_[d].communicate += t.communicate;
+    totals_[d].bubble += t.bubble;
     totals_[d].optimizer += t.optimizer;
     if (trace_) {
       const int track = static_cast<int>(d);
       double at = t.started - origin_;
+      // A pipeline stage's idle time falls between its passes; the trace shows it as one span.
       for (const auto& [name, seconds] : {std::pair<const char*, double>{"compute", t.compute},
+                                          {"pipeline bubble", t.bubble},
                                           {"wait", t.wait},
                                           {"all-reduce", t.communicate},
                                           {"optimizer", t.optimizer}}) {
@@ -45,8 +48,11 @@ void DeviceReport::add_step(const std::vector<parallel::DeviceTimes>& step) {
 nlohmann::json DeviceReport::step_json(const std::vector<parallel::DeviceTimes>& step) {
   nlohmann::json out = nlohmann::json::array();
   for (const parallel::DeviceTimes& t : step) {
-    out.push_back(
-        {{"compute_s", t.compute}, {"wait_s", t.wait}, {"communicate_s", t.communicate}, {"optimizer_s", t.optimizer}});
+    out.push_back({{"compute_s", t.compute},
+                   {"bubble_s", t.bubble},
+                   {"wait_s", t.wait},
+                   {"communicate_s", t.communicate},
+                   {"optimizer_s", t.optimizer}});
   }
   return out;
 }
@@ -57,9 +63,11 @@ nlohmann::json DeviceReport::json(const std::vector<std::string>& names, const s
     const parallel::DeviceTimes& t = totals[d].times;
     out.push_back({{"device", names.at(d)},
                    {"compute_s", t.compute},
+                   {"bubble_s", t.bubble},
                    {"wait_s", t.wait},
                    {"communicate_s", t.communicate},
                    {"optimizer_s", t.optimizer},
+                   {"bubble_share", share(t.bubble, busy(t))},
                    {"communicate_share", share(t.communicate, busy(t))},
                    {"wait_share", share(t.wait, busy(t))},
                    {"peak_memory_bytes", totals[d].peak_bytes}});
@@ -72,16 +80,41 @@ std::string DeviceReport::table(const std::vector<std::string>& names, const std
   if (totals.empty() || steps == 0) return "";
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof(line), "%-8s %12s %12s %12s %12s %8s %8s %10s\n", "device", "compute s", "wait s",
-                "all-reduce s", "optimizer s", "wait", "comm", "peak MiB");
+  // Pipeline layouts add the time each stage sat idle between its passes.
+  const bool pipeline =
+      std::any_of(totals.begin(), totals.end(), [](const DeviceTotals& t) { return t.times.bubble > 0; });
+  std::snprintf(line, sizeof(line), "%-8s %12s ", "device", "compute s");
+  out += line;
+  if (pipeline) {
+    std::snprintf(line, sizeof(line), "%12s ", "bubble s");
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "%12s %12s %12s %8s %8s ", "wait s", "all-reduce s", "optimizer s", "wait", "comm");
+  out += line;
+  if (pipeline) {
+    std::snprintf(line, sizeof(line), "%8s ", "bubble");
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "%10s\n", "peak MiB");
   out += line;
   size_t slowest = 0;
   double communicate = 0, total = 0, compute_sum = 0;
   for (size_t d = 0; d < totals.size(); ++d) {
     const parallel::DeviceTimes& t = totals[d].times;
-    std::snprintf(line, sizeof(line), "%-8s %12.3f %12.3f %12.3f %12.3f %7.1f%% %7.1f%% %10.1f\n", names.at(d).c_str(),
-                  t.compute, t.wait, t.communicate, t.optimizer, 100 * share(t.wait, busy(t)),
-                  100 * share(t.communicate, busy(t)), static_cast<double>(totals[d].peak_bytes) / (1 << 20));
+    std::snprintf(line, sizeof(line), "%-8s %12.3f ", names.at(d).c_str(), t.compute);
+    out += line;
+    if (pipeline) {
+      std::snprintf(line, sizeof(line), "%12.3f ", t.bubble);
+      out += line;
+    }
+    std::snprintf(line, sizeof(line), "%12.3f %12.3f %12.3f %7.1f%% %7.1f%% ", t.wait, t.communicate, t.optimizer,
+                  100 * share(t.wait, busy(t)), 100 * share(t.communicate, busy(t)));
+    out += line;
+    if (pipeline) {
+      std::snprintf(line, sizeof(line), "%7.1f%% ", 100 * share(t.bubble, busy(t)));
+      out += line;
+    }
+    std::snprintf(line, sizeof(line), "%10.1f\n", static_cast<double>(totals[d].peak_bytes) / (1 << 20));
     out += line;
     if (t.compute > totals[slowest].times.compute) slowest = d;
     communicate += t.communicate;

@@ -161,7 +161,14 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("devices", &options.devices, "CPU devices to train on (default: one per core; ddp: one per process)");
   flags.add("strategy", &options.strategy,
             "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
-            "lockstep run; zero1: ddp with the optimizer state sharded across the processes");
+            "lockstep run; zero1: ddp with the optimizer state sharded across the processes; mesh (implied by --dp, "
+            "--tp, --pp): a GPT over dp x tp x pp devices driven by this process");
+  flags.add("dp", &options.dp, "gpt: data-parallel replicas of the mesh (default: --devices / (tp x pp), else 1)");
+  flags.add("tp", &options.tp,
+            "gpt: tensor-parallel ranks per replica, each holding 1/T of every block and the vocabulary");
+  flags.add("pp", &options.pp, "gpt: pipeline stages per replica, each holding consecutive blocks");
+  flags.add("schedule", &options.schedule, "pipeline schedule: 1f1b (at most P micro-batches of activations) or gpipe");
+  flags.add("stages", &options.stages, "blocks per pipeline stage, e.g. 3,1 (default: balanced by parameters)");
   flags.add("backend", &options.backend, "ddp's collectives: auto, shm (one host) or mpi");
   flags.add("bucket-mb", &options.bucket_mb, "ddp: MiB of gradients per all-reduce, started during backward");
   flags.add("lr", &options.lr, "learning rate (default 0.05 for sgd, 0.001 for adamw)");
@@ -191,6 +198,13 @@ int train_main(const std::vector<std::string>& args) {
     checkpoint = load_checkpoint(checkpoint_path);
     apply_checkpoint_settings(*checkpoint, checkpoint_path, options,
                               [&](const std::string& flag) { return flags.given(flag); });
+  }
+  if (flags.given("dp") || flags.given("tp") || flags.given("pp") || flags.given("schedule") || flags.given("stages")) {
+    if (flags.given("strategy") && options.strategy != "mesh") {
+      throw UsageError("--dp, --tp, --pp, --schedule and --stages lay out a mesh; they do not go with --strategy " +
+                       options.strategy);
+    }
+    options.strategy = "mesh";
   }
   // A transformer wants Adam: SGD's default learning rate barely moves it.
   if (options.model == "gpt" && !flags.given("optimizer")) options.optimizer = "adamw";
@@ -230,7 +244,6 @@ int train_main(const std::vector<std::string>& args) {
   const bool leader = strategy->leader();
   const bool quiet = options.quiet || !leader;
   set_num_threads(strategy->process_threads());  // evaluation runs on this thread
-  nn::Module& model = strategy->model();
 
   // The last batch of an epoch is dropped when it is short: a partial batch would make a
   // step whose tree depends on how it is cut.
@@ -260,18 +273,21 @@ int train_main(const std::vector<std::string>& args) {
 
   const std::vector<std::string> device_names = strategy->all_devices();
   DeviceReport report(strategy->local_devices(), leader ? options.trace_file : "");
-  const int64_t accumulation = options.batch_size / options.micro_batch / devices;
+  // The devices that share the batch: every device, or a mesh's data-parallel replicas.
+  const int replicas = options.strategy == "mesh" ? static_cast<int>(options.dp) : devices;
+  const int64_t accumulation = options.batch_size / options.micro_batch / replicas;
   const int threads_per_device = strategy->threads_per_device();
   if (!quiet) {
     std::fprintf(stderr,
                  "train %s with %s on %d device%s (%s..%s, %d thread%s each): %lld samples, batch %lld = micro-batch "
-                 "%lld x %lld accumulation x %d devices, %s lr %g, steps %lld -> %lld\n",
+                 "%lld x %lld accumulation x %d %s, %s lr %g, steps %lld -> %lld\n",
                  options.model.c_str(), options.strategy.c_str(), devices, devices == 1 ? "" : "s",
                  device_names.front().c_str(), device_names.back().c_str(), threads_per_device,
                  threads_per_device == 1 ? "" : "s", static_cast<long long>(train_set.size()),
                  static_cast<long long>(options.batch_size), static_cast<long long>(options.micro_batch),
-                 static_cast<long long>(accumulation), devices, options.optimizer.c_str(), options.lr,
-                 static_cast<long long>(position.step), static_cast<long long>(total_steps));
+                 static_cast<long long>(accumulation), replicas, options.strategy == "mesh" ? "replicas" : "devices",
+                 options.optimizer.c_str(), options.lr, static_cast<long long>(position.step),
+                 static_cast<long long>(total_steps));
   }
   ProgressBar progress(total_steps, quiet);
   const std::vector<Device> allocators = strategy->local_allocators();
@@ -311,9 +327,13 @@ int train_main(const std::vector<std::string>& args) {
   position.data = loader.position();
   const std::vector<DeviceTotals> totals = strategy->gather(local_totals);
   const NamedTensors optimizer_state = strategy->optimizer_state();  // collective under zero1
+  nn::Module& model = strategy->model();                             // a mesh assembles the full model
   if (leader) {
     save_train_checkpoint((fs::path(out_dir) / kCheckpointFile).string(), options, model, optimizer_state, position);
-    if (!quiet) std::fputs(DeviceReport::table(device_names, totals, report.steps()).c_str(), stderr);
+    if (!quiet) {
+      std::fputs(DeviceReport::table(device_names, totals, report.steps()).c_str(), stderr);
+      std::fputs(strategy->layout_report(totals).c_str(), stderr);
+    }
   }
   // No rank leaves before rank 0 has written the checkpoint.
   strategy->barrier();
@@ -354,6 +374,7 @@ int train_main(const std::vector<std::string>& args) {
                            {"parameters", model.num_parameters()}};
     full_summary["sample"] = sample;
   }
+  if (const nlohmann::json layout = strategy->layout_json(totals); !layout.is_null()) full_summary["mesh"] = layout;
   write_json_file((fs::path(out_dir) / "summary.json").string(), full_summary);
   if (task.language_model) {
     std::printf("validation loss %.4f  next-byte accuracy %.4f  (%lld steps, %.0f samples/s)  -> %s\n", test.loss,

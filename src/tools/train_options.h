@@ -16,14 +16,19 @@ struct TrainOptions {
   int64_t sample_bytes = 200;
   double temperature = 0.8;
   int64_t epochs = 1;
-  int64_t steps = -1;        // -1: epochs × batches per epoch; 0: evaluate only
-  int64_t batch_size = 32;   // the global batch: every device's samples of one step
-  int64_t micro_batch = -1;  // -1: default_micro_batch(batch_size)
-  int64_t devices = 0;       // 0: every local device (one CPU device per core); ddp: the world size
-  std::string strategy = "dp";
-  std::string backend = "auto";  // ddp's communicator
-  double bucket_mb = 25;         // ddp's gradient bucket size
-  double lr = -1;                // -1: the optimizer's default below
+  int64_t steps = -1;           // -1: epochs × batches per epoch; 0: evaluate only
+  int64_t batch_size = 32;      // the global batch: every device's samples of one step
+  int64_t micro_batch = -1;     // -1: default_micro_batch(batch_size)
+  int64_t devices = 0;          // 0: every local device (one CPU device per core); ddp: the world size
+  std::string strategy = "dp";  // "mesh" when --dp, --tp or --pp is given
+  // --strategy mesh (GPT only): data-parallel replicas x tensor-parallel ranks x pipeline
+  // stages, one thread-driven device each (0: --dp from --devices, else 1).
+  int64_t dp = 0, tp = 1, pp = 1;
+  std::string schedule = "1f1b";  // gpipe | 1f1b
+  std::string stages;             // blocks per pipeline stage, "3,1"; "": balanced
+  std::string backend = "auto";   // ddp's communicator
+  double bucket_mb = 25;          // ddp's gradient bucket size
+  double lr = -1;                 // -1: the optimizer's default below
   std::string optimizer = "sgd";
   double momentum = 0.9;
   double weight_decay = 0.0;

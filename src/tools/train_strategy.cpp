@@ -9,13 +9,14 @@
 #include "tools/flags.h"
 
 namespace lockstep::tools {
-namespace {
 
-std::vector<std::string> cpu_names(int first, int count) {
+std::vector<std::string> cpu_device_names(int first, int count) {
   std::vector<std::string> names;
   for (int d = first; d < first + count; ++d) names.push_back(Device::cpu(d).str());
   return names;
 }
+
+namespace {
 
 void check_layout(const TrainOptions& options) {
   const std::string error =
@@ -50,7 +51,7 @@ class DataParallelStrategy final : public TrainStrategy {
       restore_train_checkpoint(checkpoint, path, dp_.replica(d), [](const NamedTensors&) {});
     return position;
   }
-  std::vector<std::string> local_devices() const override { return cpu_names(0, dp_.devices()); }
+  std::vector<std::string> local_devices() const override { return cpu_device_names(0, dp_.devices()); }
   std::vector<std::string> all_devices() const override { return local_devices(); }
   std::vector<Device> local_allocators() const override {
     std::vector<Device> devices;
@@ -90,8 +91,8 @@ class DistributedStrategy final : public TrainStrategy {
     return restore_train_checkpoint(checkpoint, path, ddp_->module(),
                                     [&](const NamedTensors& state) { ddp_->load_optimizer_state(state); });
   }
-  std::vector<std::string> local_devices() const override { return cpu_names(ddp_->communicator().rank(), 1); }
-  std::vector<std::string> all_devices() const override { return cpu_names(0, ddp_->communicator().size()); }
+  std::vector<std::string> local_devices() const override { return cpu_device_names(ddp_->communicator().rank(), 1); }
+  std::vector<std::string> all_devices() const override { return cpu_device_names(0, ddp_->communicator().size()); }
   std::vector<Device> local_allocators() const override { return {Device::cpu(0)}; }
   int threads_per_device() const override { return threads_; }
   int process_threads() const override { return threads_; }
@@ -172,9 +173,10 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
     std::shared_ptr<comm::Communicator> comm = comm::init_process_group(options.backend);
     return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, make_replica, make_optimizer);
   }
+  if (options.strategy == "mesh") return make_mesh_strategy(options, make_replica, make_optimizer);
   throw UsageError(
-      "--strategy must be dp (one process drives every device), ddp (one process per device) or zero1 (ddp with "
-      "the optimizer state sharded), got '" +
+      "--strategy must be dp (one process drives every device), ddp (one process per device) zero1 (ddp with "
+      "the optimizer state sharded) or mesh (a GPT over --dp x --tp x --pp devices), got '" +
       options.strategy + "'");
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -54,10 +55,22 @@ class TrainStrategy {
   virtual std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) = 0;
   // Waits for every process (ddp), e.g. so none leaves before the checkpoint is written.
   virtual void barrier() {}
+  // What the layout adds to the end-of-run report (a pipeline's bubble against the theory),
+  // for people and for summary.json; empty for plain data parallelism.
+  virtual std::string layout_report(const std::vector<DeviceTotals>& /*totals*/) const { return ""; }
+  virtual nlohmann::json layout_json(const std::vector<DeviceTotals>& /*totals*/) const { return nullptr; }
 };
 
 using ReplicaFactory = std::function<std::shared_ptr<nn::Module>()>;
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
+
+// "cpu:first" .. "cpu:first+count-1".
+std::vector<std::string> cpu_device_names(int first, int count);
+
+// The mesh layout (train_mesh_strategy.cpp): a GPT on --dp x --tp x --pp devices driven by
+// this process.
+std::unique_ptr<TrainStrategy> make_mesh_strategy(TrainOptions& options, const ReplicaFactory& make_replica,
+                                                  const OptimizerFactory& make_optimizer);
 
 // Joins the job under ddp (init_process_group(options.backend)); settles options.devices
 // (default: one per core under dp, lowered to what can share the step; the world size

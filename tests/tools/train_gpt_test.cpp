@@ -103,6 +103,73 @@ TEST_F(TrainGpt, ResumeTakesTheShapeFromTheCheckpoint) {
   EXPECT_NE(other.output.find("a run with --layers 2, not 3"), std::string::npos) << other.output;
 }
 
+// Pipelines, alone or beside data parallelism, give the bits of one device; tensor
+// parallelism sums its partial products in another order, so its loss is close, not equal.
+TEST_F(TrainGpt, MeshLayoutsGiveTheWeightsOfOneDevice) {
+  const std::string flags = base() + " --steps 4 --layers 2";
+  ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
+  const nlohmann::json one = summary(root_ / "one");
+  int index = 0;
+  for (const std::string layout : {"--pp 2", "--pp 2 --schedule gpipe", "--dp 2 --pp 2", "--devices 4 --pp 2",
+                                   "--pp 2 --stages 1,1 --checkpoint-activations"}) {
+    const fs::path out = root_ / std::to_string(index++);
+    const Result r = run(flags + " " + layout + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
+    const nlohmann::json mesh = summary(out);
+    EXPECT_EQ(mesh["weights_sha256"], one["weights_sha256"]) << layout;
+    EXPECT_EQ(mesh["sample"], one["sample"]) << layout;
+    EXPECT_EQ(mesh["strategy"], "mesh");
+    EXPECT_EQ(mesh["mesh"]["pp"], 2);
+    EXPECT_GT(mesh["mesh"]["bubble_theory"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(summary(root_ / "3")["mesh"]["dp"], 2);  // --devices 4 over 2 stages
+  for (const std::string layout : {"--tp 2", "--dp 2 --tp 2", "--tp 2 --pp 2"}) {
+    const fs::path out = root_ / std::to_string(index++);
+    const Result r = run(flags + " " + layout + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
+    const double loss = summary(out)["validation_loss"], expected = one["validation_loss"];
+    EXPECT_NEAR(loss, expected, 1e-5 * expected) << layout;
+  }
+}
+
+// A checkpoint holds the full model: trained under one layout, it resumes under another.
+TEST_F(TrainGpt, ResumesAcrossLayouts) {
+  const std::string flags = base() + " --layers 2 --lr-schedule cosine:total=6";
+  ASSERT_EQ(run(flags + " --devices 1 --steps 6 --out " + (root_ / "whole").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --pp 2 --steps 3 --out " + (root_ / "pipeline").string()).exit_code, 0);
+  const Result on_one = run(flags + " --devices 2 --steps 6 --resume " + (root_ / "pipeline").string());
+  ASSERT_EQ(on_one.exit_code, 0) << on_one.output;
+  EXPECT_EQ(summary(root_ / "pipeline")["weights_sha256"], summary(root_ / "whole")["weights_sha256"]);
+  // Tensor parallel, then a pipeline: the bits of tensor parallel, then one device.
+  for (const std::string name : {"tp-then-pp", "tp-then-one"}) {
+    ASSERT_EQ(run(flags + " --tp 2 --steps 3 --out " + (root_ / name).string()).exit_code, 0);
+  }
+  const Result on_pipeline = run(flags + " --pp 2 --steps 6 --resume " + (root_ / "tp-then-pp").string());
+  ASSERT_EQ(on_pipeline.exit_code, 0) << on_pipeline.output;
+  ASSERT_EQ(run(flags + " --devices 1 --steps 6 --resume " + (root_ / "tp-then-one").string()).exit_code, 0);
+  EXPECT_EQ(summary(root_ / "tp-then-pp")["weights_sha256"], summary(root_ / "tp-then-one")["weights_sha256"]);
+}
+
+TEST_F(TrainGpt, LayoutsThatDoNotDivideAreNamed) {
+  const std::string flags = base() + " --steps 1 --layers 2 --out " + (root_ / "bad").string() + " ";
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--tp 4 --heads 2", "2 heads do not go to 4 ranks"},
+           {"--pp 3", "2 transformer blocks cannot fill 3 pipeline stages"},
+           {"--pp 2 --stages 2,1", "give 2 counts that sum to 2"},
+           {"--devices 3 --tp 2", "--devices 3 is not a multiple of --tp x --pp = 2"},
+           {"--dp 2 --tp 2 --devices 2", "needs 4 devices, not 2"},
+           {"--dp 3", "3 devices cannot share"},
+           {"--pp 2 --schedule zigzag", "--schedule must be gpipe"},
+           {"--tp 2 --strategy ddp", "do not go with --strategy ddp"}}) {
+    const Result r = run(flags + arguments);
+    EXPECT_EQ(r.exit_code, 2) << arguments << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << arguments << "\n" << r.output;
+  }
+  const Result cnn = run("train --quiet --model mlp --tp 2 --steps 1");
+  EXPECT_EQ(cnn.exit_code, 2) << cnn.output;
+  EXPECT_NE(cnn.output.find("use --model gpt"), std::string::npos) << cnn.output;
+}
+
 TEST_F(TrainGpt, ReportsTheValidationLossWhichFallsAndASample) {
   ASSERT_EQ(run(base() + " --steps 0 --out " + (root_ / "start").string()).exit_code, 0);
   const Result r = run(base() + " --steps 30 --lr 0.01 --out " + (root_ / "trained").string());

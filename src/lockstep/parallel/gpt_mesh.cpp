@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/ops/ops.h"
@@ -57,18 +58,35 @@ std::vector<const GptMeshRank*> by_stage_and_tp(std::vector<const GptMeshRank*> 
 
 }  // namespace
 
-std::vector<int64_t> gpt_blocks_per_stage(const nn::GptConfig& config, const GptMeshOptions& options) {
-  if (!options.blocks_per_stage.empty()) {
-    int64_t total = 0;
-    for (const int64_t n : options.blocks_per_stage) {
-      LOCKSTEP_CHECK(n >= 1) << "every pipeline stage needs at least one block";
-      total += n;
-    }
-    LOCKSTEP_CHECK(static_cast<int>(options.blocks_per_stage.size()) == options.mesh.pp && total == config.layers)
-        << options.blocks_per_stage.size() << " stage sizes holding " << total << " blocks, for " << options.mesh.pp
-        << " stages of a " << config.layers << "-block model";
-    return options.blocks_per_stage;
+std::string check_gpt_mesh(const nn::GptConfig& config, const GptMeshOptions& options) {
+  std::ostringstream error;
+  const int tp = options.mesh.tp, pp = options.mesh.pp;
+  int64_t given = 0;
+  for (const int64_t n : options.blocks_per_stage) given += n;
+  if (config.heads % tp != 0) {
+    error << "tensor parallelism cuts attention by heads: " << config.heads << " heads do not go to " << tp
+          << " ranks; use a --tp that divides " << config.heads << " (or change --heads)";
+  } else if (config.vocab % tp != 0) {
+    error << "tensor parallelism cuts the vocabulary: " << config.vocab << " tokens do not go to " << tp
+          << " ranks; use a --tp that divides " << config.vocab;
+  } else if (config.layers < pp) {
+    error << config.layers << " transformer blocks cannot fill " << pp
+          << " pipeline stages (each stage holds at least one block): use --pp at most " << config.layers
+          << " or a model with more --layers";
+  } else if (!options.blocks_per_stage.empty() &&
+             (static_cast<int>(options.blocks_per_stage.size()) != pp || given != config.layers ||
+              *std::min_element(options.blocks_per_stage.begin(), options.blocks_per_stage.end()) < 1)) {
+    error << "the stage sizes give " << options.blocks_per_stage.size() << " stage(s) holding " << given
+          << " block(s); the model has " << config.layers << " blocks in " << pp << " pipeline stages: give " << pp
+          << " positive counts that sum to " << config.layers;
   }
+  return error.str();
+}
+
+std::vector<int64_t> gpt_blocks_per_stage(const nn::GptConfig& config, const GptMeshOptions& options) {
+  const std::string error = check_gpt_mesh(config, options);
+  LOCKSTEP_CHECK(error.empty()) << error;
+  if (!options.blocks_per_stage.empty()) return options.blocks_per_stage;
   const int64_t w = config.width;
   const int64_t block = 12 * w * w + 13 * w;  // c_attn, c_proj, c_fc, c_proj with biases, two layer norms
   return balance_stages(config.layers, block, (config.vocab + config.context) * w, 2 * w, options.mesh.pp);
@@ -79,7 +97,8 @@ GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std
     : options_(options), mesh_(std::move(world), options.mesh), device_(device) {
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
-  const std::vector<GptStagePlan> plans = gpt_stage_plans(gpt_blocks_per_stage(full.config, options));
+  blocks_per_stage_ = gpt_blocks_per_stage(full.config, options);
+  const std::vector<GptStagePlan> plans = gpt_stage_plans(blocks_per_stage_);
   stage_ = std::make_unique<GptStage>(full, plans.at(static_cast<size_t>(mesh_.coord().pp)), mesh_.tp_group());
   stage_->checkpoint_activations = options.checkpoint_activations;
   // Each rank's part lives on its own device, so memory_stats(device) is that device's memory.
@@ -126,6 +145,7 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
     sends.push_back(pp.send_async(sent.back(), peer, tag));
   };
   const std::vector<PipelineOp> ops = pipeline_ops(options_.schedule, stage, stages, micro_batches);
+  micro_batches_ = micro_batches;
   most_in_flight_ = parallel::most_in_flight(ops);
   for (const PipelineOp& op : ops) {
     InFlight& slot = in_flight[static_cast<size_t>(op.micro_batch)];

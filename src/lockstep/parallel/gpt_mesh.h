@@ -35,7 +35,11 @@ struct GptMeshOptions {
   bool checkpoint_activations = false;
 };
 
-// Blocks per stage for the options: the given ones, checked, or balanced by parameters.
+// "" when the model cuts into the layout, else what does not divide what and how to fix it
+// (heads and vocabulary by --tp, blocks into --pp stages, the given stage sizes).
+std::string check_gpt_mesh(const nn::GptConfig& config, const GptMeshOptions& options);
+
+// Blocks per stage for the options: the given ones, or balanced by parameters.
 std::vector<int64_t> gpt_blocks_per_stage(const nn::GptConfig& config, const GptMeshOptions& options);
 
 class GptMeshRank {
@@ -59,7 +63,10 @@ class GptMeshRank {
   const GptStage& stage() const { return *stage_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
-  // Micro-batches of activations this rank held at once in its last step.
+  // Blocks per pipeline stage, and of the last step: the micro-batches each replica ran and
+  // the most whose activations this rank held at once.
+  const std::vector<int64_t>& blocks_per_stage() const { return blocks_per_stage_; }
+  int64_t micro_batches() const { return micro_batches_; }
   int64_t most_in_flight() const { return most_in_flight_; }
 
   // Takes this rank's part of the full model's weights and of the optimizer state an
@@ -74,7 +81,8 @@ class GptMeshRank {
   std::unique_ptr<GptStage> stage_;
   std::unique_ptr<FlatGradients> gradients_;
   std::unique_ptr<optim::Optimizer> optimizer_;
-  int64_t most_in_flight_ = 0;
+  std::vector<int64_t> blocks_per_stage_;
+  int64_t micro_batches_ = 0, most_in_flight_ = 0;
 };
 
 // The full model's weights and unsharded optimizer state, assembled in one process from

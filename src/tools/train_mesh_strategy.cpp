@@ -1,0 +1,195 @@
+// `lockstep train --model gpt --dp D --tp T --pp P`: this process drives D x T x P devices,
+// one worker thread each, every device one rank of the mesh (parallel/gpt_mesh.h) over a
+// `local` group. Checkpoints hold the full model and the unsharded optimizer state, so a run
+// resumes under any layout, or under plain data parallelism.
+#include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/device.h"
+#include "lockstep/parallel/device_workers.h"
+#include "lockstep/parallel/gpt_mesh.h"
+#include "tools/flags.h"
+#include "tools/train_strategy.h"
+
+namespace lockstep::tools {
+namespace {
+
+std::vector<std::string> parameter_names(const nn::Module& model) {
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : model.named_parameters()) names.push_back(name);
+  return names;
+}
+
+class MeshStrategy final : public TrainStrategy {
+ public:
+  MeshStrategy(const parallel::GptMeshOptions& layout, int threads, const ReplicaFactory& make_replica,
+               const OptimizerFactory& make_optimizer)
+      : layout_(layout), threads_(threads), make_replica_(make_replica) {
+    const int devices = layout.mesh.size();
+    comms_ = comm::LocalCommunicator::create_group(devices);
+    workers_ = std::make_unique<parallel::DeviceWorkers>(
+        devices, std::max(1, threads / devices), [this](int device, const std::string& message) {
+          comms_[static_cast<size_t>(device)]->abort("device " + std::to_string(device) + ": " + message);
+        });
+    // Every rank cuts its part from one full model, which goes once they have.
+    const std::shared_ptr<nn::Module> full = make_replica();
+    const auto* gpt = dynamic_cast<const nn::Gpt*>(full.get());
+    LOCKSTEP_CHECK(gpt != nullptr) << "--strategy mesh trains a GPT (--model gpt)";
+    full_names_ = parameter_names(*full);
+    ranks_.resize(static_cast<size_t>(devices));
+    workers_->run([&](int r) {
+      ranks_[static_cast<size_t>(r)] = std::make_unique<parallel::GptMeshRank>(
+          *gpt, layout, comms_[static_cast<size_t>(r)], Device::cpu(r), make_optimizer);
+    });
+  }
+
+  parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
+    std::vector<parallel::GptMeshRank::StepOutcome> outcomes(ranks_.size());
+    workers_->run([&](int r) {
+      outcomes[static_cast<size_t>(r)] =
+          ranks_[static_cast<size_t>(r)]->step(batch.images, batch.labels, batch.first_position, step, seed);
+    });
+    parallel::StepResult result;
+    result.loss = outcomes[0].loss;
+    for (const auto& outcome : outcomes) result.devices.push_back(outcome.times);
+    return result;
+  }
+
+  // The full model, assembled from replica 0's ranks each time it is asked for.
+  nn::Module& model() override {
+    model_ = make_replica_();
+    model_->load_state_dict(parallel::gather_full_weights(replica()));
+    return *model_;
+  }
+  void set_lr(double lr) override {
+    for (const auto& rank : ranks_) rank->optimizer().set_lr(lr);
+  }
+  double lr() const override { return ranks_[0]->optimizer().lr(); }
+  NamedTensors optimizer_state() override { return parallel::gather_full_optimizer_state(replica(), full_names_); }
+  int64_t optimizer_state_bytes() const override { return ranks_[0]->optimizer().state_bytes(); }
+  RunPosition restore(const Checkpoint& checkpoint, const std::string& path) override {
+    const std::shared_ptr<nn::Module> full = make_replica_();
+    NamedTensors optimizer_state;
+    const RunPosition position =
+        restore_train_checkpoint(checkpoint, path, *full, [&](const NamedTensors& state) { optimizer_state = state; });
+    const NamedTensors weights = full->state_dict();
+    for (const auto& rank : ranks_) rank->load_full(weights, optimizer_state, full_names_);
+    return position;
+  }
+
+  std::vector<std::string> local_devices() const override {
+    return cpu_device_names(0, static_cast<int>(ranks_.size()));
+  }
+  std::vector<std::string> all_devices() const override { return local_devices(); }
+  std::vector<Device> local_allocators() const override {
+    std::vector<Device> devices;
+    for (size_t d = 0; d < ranks_.size(); ++d) devices.push_back(Device::cpu(static_cast<int>(d)));
+    return devices;
+  }
+  int threads_per_device() const override { return std::max(1, threads_ / static_cast<int>(ranks_.size())); }
+  int process_threads() const override { return threads_; }
+  bool leader() const override { return true; }
+  std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override { return local; }
+
+  std::string layout_report(const std::vector<DeviceTotals>& totals) const override {
+    const nlohmann::json j = layout_json(totals);
+    std::string out = "mesh " + layout_.mesh.str() + ": device d is tp d mod T, dp (d / T) mod D, pp d / (T x D)\n";
+    if (layout_.mesh.pp == 1) return out;
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "pipeline %s, %d stages x %lld micro-batches: bubble %.1f%% measured (mean over devices) against "
+                  "%.1f%% in theory, (P-1)/(M+P-1); blocks per stage %s; at most %lld micro-batches of activations "
+                  "held\n",
+                  parallel::pipeline_schedule_name(layout_.schedule), layout_.mesh.pp,
+                  static_cast<long long>(j["micro_batches"].get<int64_t>()), 100 * j["bubble_measured"].get<double>(),
+                  100 * j["bubble_theory"].get<double>(), j["blocks_per_stage"].dump().c_str(),
+                  static_cast<long long>(j["most_in_flight"].get<int64_t>()));
+    return out + line;
+  }
+
+  nlohmann::json layout_json(const std::vector<DeviceTotals>& totals) const override {
+    double bubble = 0, busy = 0;
+    for (const DeviceTotals& t : totals) {
+      bubble += t.times.bubble;
+      busy += t.times.compute + t.times.bubble + t.times.wait + t.times.communicate + t.times.optimizer;
+    }
+    int64_t most = 0;
+    for (const auto& rank : ranks_) most = std::max(most, rank->most_in_flight());
+    const int64_t micro_batches = ranks_[0]->micro_batches();
+    return {{"dp", layout_.mesh.dp},
+            {"tp", layout_.mesh.tp},
+            {"pp", layout_.mesh.pp},
+            {"schedule", parallel::pipeline_schedule_name(layout_.schedule)},
+            {"blocks_per_stage", ranks_[0]->blocks_per_stage()},
+            {"micro_batches", micro_batches},
+            {"bubble_measured", busy > 0 ? bubble / busy : 0.0},
+            {"bubble_theory", parallel::theoretical_bubble(layout_.mesh.pp, micro_batches)},
+            {"most_in_flight", most}};
+  }
+
+ private:
+  std::vector<const parallel::GptMeshRank*> replica() const {
+    std::vector<const parallel::GptMeshRank*> out;
+    for (const auto& rank : ranks_)
+      if (rank->mesh().coord().dp == 0) out.push_back(rank.get());
+    return out;
+  }
+
+  parallel::GptMeshOptions layout_;
+  int threads_;
+  ReplicaFactory make_replica_;
+  std::vector<std::string> full_names_;
+  std::vector<std::shared_ptr<comm::Communicator>> comms_;
+  std::unique_ptr<parallel::DeviceWorkers> workers_;
+  std::vector<std::unique_ptr<parallel::GptMeshRank>> ranks_;
+  std::shared_ptr<nn::Module> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainStrategy> make_mesh_strategy(TrainOptions& options, const ReplicaFactory& make_replica,
+                                                  const OptimizerFactory& make_optimizer) {
+  if (options.model != "gpt") {
+    throw UsageError(
+        "--dp/--tp/--pp (--strategy mesh) cut a GPT's layers and blocks: use --model gpt, or train --model " +
+        options.model + " with --strategy dp, ddp or zero1");
+  }
+  if (options.tp < 1 || options.pp < 1 || options.dp < 0) {
+    throw UsageError("--dp, --tp and --pp must be at least 1, got --dp " + std::to_string(options.dp) + " --tp " +
+                     std::to_string(options.tp) + " --pp " + std::to_string(options.pp));
+  }
+  const int64_t model_parallel = options.tp * options.pp;
+  if (options.dp == 0) {
+    if (options.devices % model_parallel != 0) {
+      throw UsageError("--devices " + std::to_string(options.devices) + " is not a multiple of --tp x --pp = " +
+                       std::to_string(model_parallel) + " (devices = dp x tp x pp)");
+    }
+    options.dp = std::max<int64_t>(1, options.devices / model_parallel);
+  }
+  parallel::GptMeshOptions layout;
+  layout.mesh = {
+      .dp = static_cast<int>(options.dp), .tp = static_cast<int>(options.tp), .pp = static_cast<int>(options.pp)};
+  if (options.devices == 0) options.devices = layout.mesh.size();
+  std::string error = parallel::check_mesh(layout.mesh, static_cast<int>(options.devices));
+  if (!error.empty()) throw UsageError(error);
+  // Each replica's share of micro-batches is a power-of-two run of the step's tree.
+  error = parallel::check_step_layout(options.batch_size, options.micro_batch, layout.mesh.dp);
+  if (!error.empty()) throw UsageError(error);
+  layout.micro_batch = options.micro_batch;
+  layout.checkpoint_activations = options.checkpoint_activations;
+  try {
+    layout.schedule = parallel::parse_pipeline_schedule(options.schedule);
+    if (!options.stages.empty()) {
+      layout.blocks_per_stage = parallel::parse_stage_sizes(options.stages, options.layers, layout.mesh.pp);
+    }
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  error = parallel::check_gpt_mesh(
+      nn::GptConfig{
+          .context = options.context, .layers = options.layers, .heads = options.heads, .width = options.width},
+      layout);
+  if (!error.empty()) throw UsageError(error);
+  const int threads = options.threads > 0 ? static_cast<int>(options.threads) : host_cores();
+  return std::make_unique<MeshStrategy>(layout, threads, make_replica, make_optimizer);
+}
+
+}  // namespace lockstep::tools
