@@ -38,34 +38,4 @@ Tensor TensorParallelGptBlock::forward(const Tensor& x) {
   return h + mlp_proj->forward(gelu(mlp_fc->forward(ln_2->forward(h))));
 }
 
-TensorParallelGpt::TensorParallelGpt(const nn::Gpt& full, std::shared_ptr<comm::Communicator> group)
-    : Module("TensorParallelGpt"), config(full.config), group_(std::move(group)) {
-  wte = register_module("wte", std::make_shared<VocabParallelEmbedding>(full.wte->weight, group_));
-  wpe = register_module("wpe", std::make_shared<nn::GptEmbedding>(config.context, config.width));
-  {
-    NoGradGuard no_grad;
-    wpe->weight.copy_from(full.wpe->weight);
-  }
-  for (size_t i = 0; i < full.h.size(); ++i) {
-    std::string name = "h";  // "h" + to_string trips GCC 12's false -Wrestrict at -O3
-    name += std::to_string(i);
-    h.push_back(register_module(name, std::make_shared<TensorParallelGptBlock>(*full.h[i], config.heads, group_)));
-  }
-  ln_f = register_module("ln_f", replicate(*full.ln_f));
-}
-
-Tensor TensorParallelGpt::forward(const Tensor& tokens) {
-  const Tensor positions = nn::gpt_positions(tokens, config);  // checks the shape first
-  Tensor x = wte->forward(tokens) + wpe->forward(positions);
-  for (const auto& block : h) x = block->forward(x);
-  // The tied head: this rank's rows of the table give its columns of the logits.
-  return linear(copy_to_tensor_parallel(ln_f->forward(x), group_), wte->weight);
-}
-
-Tensor TensorParallelGpt::loss(const Tensor& tokens, const Tensor& targets) {
-  const Tensor losses = vocab_parallel_cross_entropy(flatten(forward(tokens), 0, 1), flatten(targets.contiguous(), 0),
-                                                     wte->first, group_);
-  return sum(losses) * (1.0 / static_cast<double>(losses.numel()));
-}
-
 }  // namespace lockstep::parallel
