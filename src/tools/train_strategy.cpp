@@ -16,6 +16,24 @@ std::vector<std::string> cpu_device_names(int first, int count) {
   return names;
 }
 
+std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const DeviceTotals& mine) {
+  const parallel::DeviceTimes& t = mine.times;
+  constexpr int64_t kFields = 6;
+  const Tensor row = Tensor::from_vector(std::vector<double>{t.compute, t.bubble, t.wait, t.communicate, t.optimizer,
+                                                             static_cast<double>(mine.peak_bytes)},
+                                         {kFields});
+  const Tensor all = Tensor::empty({kFields * static_cast<int64_t>(comm.size())}, DType::f64);
+  comm.all_gather(row, all);
+  const double* v = all.data<double>();
+  std::vector<DeviceTotals> out(static_cast<size_t>(comm.size()));
+  for (size_t r = 0; r < out.size(); ++r) {
+    const double* f = v + kFields * r;
+    out[r] = {.times = {.compute = f[0], .wait = f[2], .communicate = f[3], .bubble = f[1], .optimizer = f[4]},
+              .peak_bytes = static_cast<int64_t>(f[5])};
+  }
+  return out;
+}
+
 namespace {
 
 void check_layout(const TrainOptions& options) {
@@ -98,23 +116,7 @@ class DistributedStrategy final : public TrainStrategy {
   int process_threads() const override { return threads_; }
   bool leader() const override { return ddp_->communicator().rank() == 0; }
   std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override {
-    comm::Communicator& comm = ddp_->communicator();
-    const DeviceTotals& mine = local.at(0);
-    const parallel::DeviceTimes& t = mine.times;
-    constexpr int64_t kFields = 5;
-    const Tensor row = Tensor::from_vector(
-        std::vector<double>{t.compute, t.wait, t.communicate, t.optimizer, static_cast<double>(mine.peak_bytes)},
-        {kFields});
-    const Tensor all = Tensor::empty({kFields * static_cast<int64_t>(comm.size())}, DType::f64);
-    comm.all_gather(row, all);
-    const double* v = all.data<double>();
-    std::vector<DeviceTotals> out(static_cast<size_t>(comm.size()));
-    for (size_t r = 0; r < out.size(); ++r) {
-      const double* f = v + kFields * r;
-      out[r] = {.times = {.compute = f[0], .wait = f[1], .communicate = f[2], .optimizer = f[3]},
-                .peak_bytes = static_cast<int64_t>(f[4])};
-    }
-    return out;
+    return gather_device_totals(ddp_->communicator(), local.at(0));
   }
   void barrier() override { ddp_->communicator().barrier(); }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/comm/communicator.h"
 #include "lockstep/data/dataloader.h"
 #include "lockstep/io/checkpoint.h"
 #include "lockstep/nn/module.h"
@@ -63,6 +64,9 @@ class TrainStrategy {
 
 using ReplicaFactory = std::function<std::shared_ptr<nn::Module>()>;
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
+
+// Every rank's totals, given this rank's (collective over comm).
+std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const DeviceTotals& mine);
 
 // "cpu:first" .. "cpu:first+count-1".
 std::vector<std::string> cpu_device_names(int first, int count);

@@ -39,12 +39,6 @@ std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
   return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
 }
 
-std::vector<std::string> parameter_names(const nn::Module& model) {
-  std::vector<std::string> names;
-  for (const auto& [name, tensor] : model.named_parameters()) names.push_back(name);
-  return names;
-}
-
 struct Outcome {
   std::vector<double> losses;
   NamedTensors weights, optimizer_state;
@@ -68,38 +62,6 @@ Outcome one_device(const nn::GptConfig& config, int steps, uint64_t first_step =
   return run;
 }
 
-// The mesh, from `start` if given; the weights and state gathered from replica 0.
-Outcome on_mesh(const nn::GptConfig& config, GptMeshOptions options, int steps, uint64_t first_step = 0,
-                const Outcome* start = nullptr) {
-  options.micro_batch = kMicro;
-  const int ranks = options.mesh.size();
-  std::vector<std::unique_ptr<GptMeshRank>> parts(static_cast<size_t>(ranks));
-  std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
-  const nn::Gpt full(config, kSeed);
-  const std::vector<std::string> names = parameter_names(full);
-  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& world) {
-    auto part = std::make_unique<GptMeshRank>(full, options, world, Device::cpu(r), adamw);
-    if (start) part->load_full(start->weights, start->optimizer_state, names);
-    for (uint64_t s = first_step; s < first_step + static_cast<uint64_t>(steps); ++s) {
-      const Batch b = batch_at(s, config.context);
-      losses[static_cast<size_t>(r)].push_back(
-          part->step(b.tokens, b.targets, static_cast<int64_t>(s) * kBatch, s, kSeed).loss);
-    }
-    parts[static_cast<size_t>(r)] = std::move(part);
-  }));
-  for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[static_cast<size_t>(r)], losses[0]) << "loss on rank " << r;
-  std::vector<const GptMeshRank*> replica;
-  for (const auto& part : parts) {
-    if (part && part->mesh().coord().dp == 0) replica.push_back(part.get());
-  }
-  Outcome run;
-  run.losses = losses[0];
-  if (replica.size() != static_cast<size_t>(options.mesh.tp * options.mesh.pp)) return run;  // a rank failed
-  run.weights = gather_full_weights(replica);
-  run.optimizer_state = gather_full_optimizer_state(replica, names);
-  return run;
-}
-
 const Tensor& find(const NamedTensors& named, const std::string& name) {
   for (const auto& [key, tensor] : named)
     if (key == name) return tensor;
@@ -118,6 +80,32 @@ void expect_same_bits(const NamedTensors& actual, const NamedTensors& expected, 
     EXPECT_EQ(std::memcmp(other.raw_data(), tensor.contiguous().raw_data(), tensor.nbytes()), 0)
         << what << ": " << name << " differs";
   }
+}
+
+// The mesh, from `start` if given; the weights and state gathered from replica 0.
+Outcome on_mesh(const nn::GptConfig& config, GptMeshOptions options, int steps, uint64_t first_step = 0,
+                const Outcome* start = nullptr) {
+  options.micro_batch = kMicro;
+  const int ranks = options.mesh.size();
+  std::vector<Outcome> outcomes(static_cast<size_t>(ranks));
+  const nn::Gpt full(config, kSeed);
+  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& world) {
+    GptMeshRank part(full, options, world, Device::cpu(r), adamw);
+    if (start) part.load_full(start->weights, start->optimizer_state);
+    Outcome& outcome = outcomes[static_cast<size_t>(r)];
+    for (uint64_t s = first_step; s < first_step + static_cast<uint64_t>(steps); ++s) {
+      const Batch b = batch_at(s, config.context);
+      outcome.losses.push_back(part.step(b.tokens, b.targets, static_cast<int64_t>(s) * kBatch, s, kSeed).loss);
+    }
+    outcome.weights = part.gather_full_weights();
+    outcome.optimizer_state = part.gather_full_optimizer_state();
+  }));
+  for (int r = 1; r < ranks; ++r) {
+    const Outcome& other = outcomes[static_cast<size_t>(r)];
+    EXPECT_EQ(other.losses, outcomes[0].losses) << "loss on rank " << r;
+    expect_same_bits(other.weights, outcomes[0].weights, "gathered weights on rank " + std::to_string(r));
+  }
+  return outcomes[0];
 }
 
 void expect_close_losses(const std::vector<double>& actual, const std::vector<double>& expected, double relative) {

@@ -103,7 +103,8 @@ TEST_F(TrainGpt, ResumeTakesTheShapeFromTheCheckpoint) {
   EXPECT_NE(other.output.find("a run with --layers 2, not 3"), std::string::npos) << other.output;
 }
 
-// Pipelines, alone or beside data parallelism, give the bits of one device; tensor
+// Pipelines, alone or beside data parallelism, in one process or one per device, give the
+// bits of one device; tensor
 // parallelism sums its partial products in another order, so its loss is close, not equal.
 TEST_F(TrainGpt, MeshLayoutsGiveTheWeightsOfOneDevice) {
   const std::string flags = base() + " --steps 4 --layers 2";
@@ -123,6 +124,12 @@ TEST_F(TrainGpt, MeshLayoutsGiveTheWeightsOfOneDevice) {
     EXPECT_GT(mesh["mesh"]["bubble_theory"].get<double>(), 0.0);
   }
   EXPECT_EQ(summary(root_ / "3")["mesh"]["dp"], 2);  // --devices 4 over 2 stages
+  // One process per device, under the launcher.
+  const Result processes = run("run -n 4 --log-dir " + (root_ / "logs").string() + " -- " + kBinary + " " + flags +
+                               " --dp 2 --pp 2 --out " + (root_ / "processes").string());
+  ASSERT_EQ(processes.exit_code, 0) << processes.output;
+  EXPECT_EQ(summary(root_ / "processes")["weights_sha256"], one["weights_sha256"]);
+  EXPECT_EQ(summary(root_ / "processes")["mesh"]["processes"], 4);
   for (const std::string layout : {"--tp 2", "--dp 2 --tp 2", "--tp 2 --pp 2"}) {
     const fs::path out = root_ / std::to_string(index++);
     const Result r = run(flags + " " + layout + " --out " + out.string());
@@ -144,7 +151,8 @@ TEST_F(TrainGpt, ResumesAcrossLayouts) {
   for (const std::string name : {"tp-then-pp", "tp-then-one"}) {
     ASSERT_EQ(run(flags + " --tp 2 --steps 3 --out " + (root_ / name).string()).exit_code, 0);
   }
-  const Result on_pipeline = run(flags + " --pp 2 --steps 6 --resume " + (root_ / "tp-then-pp").string());
+  const Result on_pipeline = run("run -n 2 --log-dir " + (root_ / "logs").string() + " -- " + kBinary + " " + flags +
+                                 " --pp 2 --steps 6 --resume " + (root_ / "tp-then-pp").string());
   ASSERT_EQ(on_pipeline.exit_code, 0) << on_pipeline.output;
   ASSERT_EQ(run(flags + " --devices 1 --steps 6 --resume " + (root_ / "tp-then-one").string()).exit_code, 0);
   EXPECT_EQ(summary(root_ / "tp-then-pp")["weights_sha256"], summary(root_ / "tp-then-one")["weights_sha256"]);

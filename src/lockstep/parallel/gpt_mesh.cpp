@@ -40,20 +40,26 @@ bool per_element_slot(const optim::Optimizer& optimizer, const std::string& slot
   return false;
 }
 
-size_t index_of(const std::vector<std::string>& names, const std::string& name) {
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return i;
-  LOCKSTEP_FAIL() << "parameter " << name << " is not one of the full model's " << names.size() << " parameters";
-  std::abort();  // unreachable: the line above throws
+// Writes a shard (rank `rank` of `ranks`'s, cut as `spec` says) into its place in `full`.
+void place_shard(const Tensor& full, const Tensor& shard, const ShardSpec& spec, int rank, int ranks) {
+  if (spec.axis < 0) {
+    full.copy_from(shard);
+    return;
+  }
+  const int64_t n = full.size(spec.axis) / spec.parts, size = n / ranks;
+  for (int64_t p = 0; p < spec.parts; ++p) {
+    const int64_t begin = p * n + size * rank;
+    slice(full, spec.axis, begin, begin + size).copy_from(slice(shard, spec.axis, p * size, (p + 1) * size));
+  }
 }
 
-// The ranks of a replica ordered (stage, tensor-parallel rank).
-std::vector<const GptMeshRank*> by_stage_and_tp(std::vector<const GptMeshRank*> replica) {
-  std::sort(replica.begin(), replica.end(), [](const GptMeshRank* a, const GptMeshRank* b) {
-    const MeshCoord ca = a->mesh().coord(), cb = b->mesh().coord();
-    return std::pair(ca.pp, ca.tp) < std::pair(cb.pp, cb.tp);
-  });
-  return replica;
+// A tensor whose every element is -0.0, the identity of float addition for every value:
+// x + (-0.0) is x, +0.0 and -0.0 included, where x + (+0.0) would turn a -0.0 into +0.0. A
+// sum over ranks of one owner's value and everyone else's -0.0 is the value's very bits.
+Tensor additive_identity(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  t.fill(dtype == DType::f32 || dtype == DType::f64 ? -0.0 : 0.0);
+  return t;
 }
 
 }  // namespace
@@ -104,6 +110,14 @@ GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std
   // Each rank's part lives on its own device, so memory_stats(device) is that device's memory.
   for (const Tensor& p : stage_->parameters()) p.set_data(p.to(device));
   if (stage_->last() && !stage_->first()) stage_->head_weight.set_data(stage_->head_weight.to(device));
+  for (const auto& [name, parameter] : full.named_parameters()) full_parameters_.emplace_back(name, parameter.shape());
+  for (const ShardSpec& spec : stage_->shard_specs()) {
+    size_t f = 0;
+    while (f < full_parameters_.size() && full_parameters_[f].first != spec.full_name) ++f;
+    LOCKSTEP_CHECK(f < full_parameters_.size())
+        << "GptStage parameter " << spec.full_name << " is not the full model's";
+    full_index_.push_back(f);
+  }
   gradients_ = std::make_unique<FlatGradients>(stage_->parameters());
   optimizer_ = make_optimizer(stage_->parameters());
 }
@@ -225,11 +239,82 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
   return outcome;
 }
 
-void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& optimizer_state,
-                            const std::vector<std::string>& full_names) {
+NamedTensors GptMeshRank::gather_full_weights() {
+  const MeshCoord c = mesh_.coord();
+  const std::vector<ShardSpec> specs = stage_->shard_specs();
+  const std::vector<Tensor> local = stage_->parameters();
+  NamedTensors full;
+  for (const auto& [name, shape] : full_parameters_) full.emplace_back(name, additive_identity(shape, DType::f32));
+  NoGradGuard no_grad;
+  // Replica 0 owns the weights; a replicated tensor, its tensor-parallel rank 0.
+  if (c.dp == 0) {
+    for (size_t i = 0; i < local.size(); ++i) {
+      if (specs[i].axis >= 0 || c.tp == 0) {
+        place_shard(full[full_index_[i]].second, local[i], specs[i], c.tp, mesh_.shape().tp);
+      }
+    }
+  }
+  for (const auto& [name, tensor] : full) mesh_.world()->all_reduce(tensor);
+  return full;
+}
+
+NamedTensors GptMeshRank::gather_full_optimizer_state() {
+  const MeshCoord c = mesh_.coord();
+  const std::vector<ShardSpec> specs = stage_->shard_specs();
+  const NamedTensors local = optimizer_->state_dict();
+  const std::vector<optim::StateSlot>& slots = optimizer_->slots();
+  // Every (parameter, slot) of the full model on every rank, with a count of the ranks that
+  // own it: a slot no rank has yet (no step taken) is left out, as an unsharded optimizer
+  // leaves it out.
+  struct Entry {
+    size_t parameter;
+    std::string slot;
+    Tensor value;
+  };
+  std::vector<Entry> entries;
+  for (size_t f = 0; f < full_parameters_.size(); ++f) {
+    for (const optim::StateSlot& slot : slots) {
+      const Shape shape = slot.per_element ? full_parameters_[f].second : Shape{};
+      entries.push_back({f, slot.name, additive_identity(shape, slot.per_element ? DType::f32 : DType::i64)});
+    }
+  }
+  const Tensor owners = Tensor::zeros({static_cast<int64_t>(entries.size())}, DType::i64);
+  Tensor step;
+  for (const auto& [key, tensor] : local) {
+    size_t index = 0;
+    std::string slot;
+    if (!parse_state_key(key, index, slot)) {
+      step = tensor.to(Device::cpu()).clone();  // "step": the same on every rank
+      continue;
+    }
+    if (c.dp != 0 || (specs[index].axis < 0 && c.tp != 0)) continue;
+    size_t s = 0;
+    while (slots[s].name != slot) ++s;
+    const size_t e = full_index_[index] * slots.size() + s;
+    Entry& entry = entries[e];
+    if (slots[s].per_element) {
+      place_shard(entry.value, tensor, specs[index], c.tp, mesh_.shape().tp);
+    } else {
+      entry.value.copy_from(tensor);
+    }
+    owners.data<int64_t>()[e] = 1;
+  }
+  comm::Communicator& world = *mesh_.world();
+  NamedTensors full;
+  if (step.defined()) full.emplace_back("step", step);
+  world.all_reduce(owners);
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const Entry& entry = entries[e];
+    if (owners.data<int64_t>()[e] == 0) continue;
+    world.all_reduce(entry.value);
+    full.emplace_back(state_key(entry.parameter, entry.slot), entry.value);
+  }
+  return full;
+}
+
+void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& optimizer_state) {
   const int tp_rank = mesh_.coord().tp, tp_size = mesh_.shape().tp;
   const std::vector<ShardSpec> specs = stage_->shard_specs();
-  const NamedTensors local = stage_->named_parameters();
   const auto full_tensor = [&](const std::string& name) -> const Tensor& {
     for (const auto& [key, tensor] : weights)
       if (key == name) return tensor;
@@ -237,17 +322,16 @@ void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& opt
     std::abort();  // unreachable: the line above throws
   };
   NoGradGuard no_grad;
-  size_t i = 0;
-  for (const auto& [name, parameter] : local) {
-    parameter.copy_from(shard_of(full_tensor(specs[i].full_name), specs[i], tp_rank, tp_size));
-    ++i;
+  const std::vector<Tensor> local = stage_->parameters();
+  for (size_t i = 0; i < local.size(); ++i) {
+    local[i].copy_from(shard_of(full_tensor(specs[i].full_name), specs[i], tp_rank, tp_size));
   }
   if (stage_->last() && !stage_->first()) {
     stage_->head_weight.copy_from(shard_of(full_tensor("wte.weight"), ShardSpec{"wte.weight", 0}, tp_rank, tp_size));
   }
   // Full parameter index -> this rank's.
   std::map<size_t, size_t> local_index;
-  for (size_t j = 0; j < specs.size(); ++j) local_index[index_of(full_names, specs[j].full_name)] = j;
+  for (size_t j = 0; j < full_index_.size(); ++j) local_index[full_index_[j]] = j;
   NamedTensors state;
   for (const auto& [key, tensor] : optimizer_state) {
     size_t index = 0;
@@ -263,56 +347,6 @@ void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& opt
                        per_element_slot(*optimizer_, slot) ? shard_of(tensor, spec, tp_rank, tp_size) : tensor);
   }
   optimizer_->load_state_dict(state);
-}
-
-NamedTensors gather_full_weights(const std::vector<const GptMeshRank*>& replica) {
-  std::map<std::string, std::vector<Tensor>> shards;
-  std::map<std::string, ShardSpec> spec_of;
-  for (const GptMeshRank* rank : by_stage_and_tp(replica)) {
-    const std::vector<ShardSpec> specs = rank->stage().shard_specs();
-    size_t i = 0;
-    for (const auto& [name, parameter] : rank->stage().named_parameters()) {
-      shards[specs[i].full_name].push_back(parameter.to(Device::cpu()));
-      spec_of[specs[i].full_name] = specs[i];
-      ++i;
-    }
-  }
-  NamedTensors full;
-  for (const auto& [name, pieces] : shards) full.emplace_back(name, unshard(pieces, spec_of.at(name)));
-  return full;
-}
-
-NamedTensors gather_full_optimizer_state(const std::vector<const GptMeshRank*>& replica,
-                                         const std::vector<std::string>& full_names) {
-  struct Pieces {
-    ShardSpec spec;
-    bool per_element = false;
-    std::vector<Tensor> shards;  // in tensor-parallel rank order
-  };
-  std::map<std::pair<size_t, std::string>, Pieces> pieces;  // by (full index, slot)
-  NamedTensors full;
-  bool have_step = false;
-  for (const GptMeshRank* rank : by_stage_and_tp(replica)) {
-    const std::vector<ShardSpec> specs = rank->stage().shard_specs();
-    for (const auto& [key, tensor] : rank->optimizer().state_dict()) {
-      size_t index = 0;
-      std::string slot;
-      if (!parse_state_key(key, index, slot)) {
-        if (!have_step) full.emplace_back(key, tensor.to(Device::cpu()).clone());  // "step": the same on every rank
-        have_step = true;
-        continue;
-      }
-      Pieces& p = pieces[{index_of(full_names, specs.at(index).full_name), slot}];
-      p.spec = specs[index];
-      p.per_element = per_element_slot(rank->optimizer(), slot);
-      p.shards.push_back(tensor.to(Device::cpu()));
-    }
-  }
-  for (const auto& [where, p] : pieces) {
-    full.emplace_back(state_key(where.first, where.second),
-                      p.per_element ? unshard(p.shards, p.spec) : p.shards[0].clone());
-  }
-  return full;
 }
 
 }  // namespace lockstep::parallel

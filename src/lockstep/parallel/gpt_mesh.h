@@ -69,10 +69,13 @@ class GptMeshRank {
   int64_t micro_batches() const { return micro_batches_; }
   int64_t most_in_flight() const { return most_in_flight_; }
 
-  // Takes this rank's part of the full model's weights and of the optimizer state an
-  // unsharded optimizer over `full_names` (the full model's parameters in order) holds.
-  void load_full(const NamedTensors& weights, const NamedTensors& optimizer_state,
-                 const std::vector<std::string>& full_names);
+  // Checkpoints hold the full model whatever the layout. Collective over the whole mesh:
+  // every rank gets the full model's parameters (its names, in its order, on cpu:0), and
+  // the optimizer state as one unsharded optimizer over them holds it.
+  NamedTensors gather_full_weights();
+  NamedTensors gather_full_optimizer_state();
+  // Takes this rank's part of them (no communication).
+  void load_full(const NamedTensors& weights, const NamedTensors& optimizer_state);
 
  private:
   GptMeshOptions options_;
@@ -81,14 +84,10 @@ class GptMeshRank {
   std::unique_ptr<GptStage> stage_;
   std::unique_ptr<FlatGradients> gradients_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::vector<std::pair<std::string, Shape>> full_parameters_;  // the full model's, in order
+  std::vector<size_t> full_index_;                              // per local parameter, its index among full_parameters_
   std::vector<int64_t> blocks_per_stage_;
   int64_t micro_batches_ = 0, most_in_flight_ = 0;
 };
-
-// The full model's weights and unsharded optimizer state, assembled in one process from
-// the ranks of one replica (every stage and tensor-parallel rank of one dp coordinate).
-NamedTensors gather_full_weights(const std::vector<const GptMeshRank*>& replica);
-NamedTensors gather_full_optimizer_state(const std::vector<const GptMeshRank*>& replica,
-                                         const std::vector<std::string>& full_names);
 
 }  // namespace lockstep::parallel
