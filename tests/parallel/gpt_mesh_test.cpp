@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "lockstep/core/allocator.h"
 #include "lockstep/core/philox.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/data_parallel.h"
@@ -159,6 +160,36 @@ TEST(GptMesh, PipelineBesideDataParallelGivesTheSameBits) {
   const Outcome mesh = on_mesh(kFourBlocks, with_mesh({.dp = 2, .pp = 2}), 3);
   EXPECT_EQ(mesh.losses, reference.losses);
   expect_same_bits(mesh.weights, reference.weights, "weights");
+}
+
+// GPipe keeps every micro-batch's activations until its backward; 1F1B at most P of them:
+// the first stage's peak memory in a step of M = 8 micro-batches over P = 2 stages shows it.
+TEST(GptMesh, OneFOneBHoldsFewerActivationsThanGpipe) {
+  // Long windows, so activations outweigh the weights, gradients and optimizer state.
+  const nn::GptConfig config{.vocab = 256, .context = 64, .layers = 2, .heads = 2, .width = 16};
+  const auto step_memory = [&](PipelineSchedule schedule) {
+    GptMeshOptions options = with_mesh({.pp = 2}, schedule);
+    options.micro_batch = kMicro;
+    const nn::Gpt full(config, kSeed);
+    int64_t extra = 0;
+    expect_no_errors(run_ranks(2, [&](int r, const std::shared_ptr<comm::Communicator>& world) {
+      GptMeshRank part(full, options, world, Device::cpu(r), adamw);
+      const Batch b = batch_at(0, config.context);
+      const Device device = Device::cpu(r);
+      part.step(b.tokens, b.targets, 0, 0, kSeed);  // the optimizer's state exists from here on
+      const int64_t before = memory_stats(device).allocated_bytes;
+      reset_peak_memory_stats(device);
+      part.step(b.tokens, b.targets, 0, 1, kSeed);
+      if (r == 0) {
+        extra = memory_stats(device).peak_allocated_bytes - before;
+        EXPECT_EQ(part.most_in_flight(), schedule == PipelineSchedule::gpipe ? 8 : 2);
+      }
+    }));
+    return extra;
+  };
+  const int64_t gpipe = step_memory(PipelineSchedule::gpipe), one_f_one_b = step_memory(PipelineSchedule::one_f_one_b);
+  EXPECT_GT(gpipe, 2 * one_f_one_b) << "GPipe's step peaked " << gpipe << " bytes above the weights, 1F1B's "
+                                    << one_f_one_b;
 }
 
 TEST(GptMesh, TensorParallelLossStaysWithin1e5For20Steps) {

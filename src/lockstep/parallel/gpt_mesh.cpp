@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <sstream>
 
@@ -146,8 +147,9 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
     Tensor input, output;  // output: the loss sum on the last stage
   };
   std::vector<InFlight> in_flight(static_cast<size_t>(micro_batches));
-  std::vector<comm::Work> sends;
-  std::vector<Tensor> sent;  // alive until their sends complete
+  // Sends in flight, each with its tensor, which must stay alive until it is sent; those
+  // done are dropped as the step goes, so a 1F1B stage does not keep every activation.
+  std::deque<std::pair<comm::Work, Tensor>> sends;
   GradientTree tree;
   const auto timed_recv = [&](const Tensor& buffer, int peer, int tag) {
     const StepClock::time_point wait = StepClock::now();
@@ -155,8 +157,9 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
     times.bubble += seconds_since(wait);
   };
   const auto send = [&](const Tensor& tensor, int peer, int tag) {
-    sent.push_back(tensor.contiguous());
-    sends.push_back(pp.send_async(sent.back(), peer, tag));
+    while (!sends.empty() && sends.front().first.done()) sends.pop_front();
+    const Tensor alive = tensor.contiguous();
+    sends.emplace_back(pp.send_async(alive, peer, tag), alive);
   };
   const std::vector<PipelineOp> ops = pipeline_ops(options_.schedule, stage, stages, micro_batches);
   micro_batches_ = micro_batches;
@@ -211,7 +214,7 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
   }
   std::vector<Tensor> sums = tree.finish();
   start = StepClock::now();
-  for (comm::Work& work : sends) work.wait();
+  for (const auto& [work, tensor] : sends) work.wait();
   times.bubble += seconds_since(start);
 
   // The top of the tree: the replicas' subtrees, in tree order.
