@@ -1,0 +1,393 @@
+// Memory per device of a GPT-2 124M-shaped model (nn::gpt_preset("gpt2-124m"): GPT-2
+// small's shape with a byte vocabulary) on each device-mesh layout, beside the arithmetic of
+// fp32 training with AdamW: 4 bytes of weight, 4 of gradient and 8 of AdamW moments (m, v)
+// per parameter, 16 in all, each device paying for the parameters its layout gives it. The
+// model is built and stepped, not trained: each layout's ranks run as threads, each on a CPU
+// device of its own (memory_stats(cpu:r) is rank r's memory), and take two optimizer steps
+// on one sample per replica (micro-batch 1). The first step creates the AdamW state; the
+// second is a step as every later one is.
+//
+// Per device it prints the parameters held and, each beside its formula:
+//   built   allocated after construction                          4 B/param
+//   kept    allocated between steps (gradients are dropped)       12 B/param: weights, m, v
+//   peak1   the most allocated during the first step              16 B/param
+//   peak2   the most allocated during the second step             16 B/param
+// A last pipeline stage that is not also the first holds a copy of the head's tied weight,
+// which is no parameter (the first stage trains it and sends it over): every formula adds
+// 4 B per element of it there. The peaks also hold activations and transient copies of the
+// gradients, which the formula leaves out; a short --context keeps the activations small.
+//
+//   build/bin/gpt_layout_memory [--context 64] [--layouts 1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2]
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/allocator.h"
+#include "lockstep/core/device.h"
+#include "lockstep/core/parallel.h"
+#include "lockstep/core/philox.h"
+#include "lockstep/nn/gpt.h"
+#include "lockstep/optim/adamw.h"
+#include "lockstep/parallel/gpt_mesh.h"
+
+namespace lockstep {
+namespace {
+
+using parallel::GptMeshOptions;
+using parallel::GptMeshRank;
+using parallel::MeshShape;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kSeed = 7;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Options {
+  std::string preset = "gpt2-124m";
+  int64_t context = 64;
+  std::vector<std::string> layouts{"1", "dp2", "tp2", "pp2", "tp2pp2", "dp2tp2pp2"};
+};
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> parts;
+  std::stringstream in(list);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    if (!part.empty()) parts.push_back(part);
+  }
+  return parts;
+}
+
+// "1" is one device; otherwise "dp<D>", "tp<T>", "pp<P>" in any order and combination,
+// e.g. "tp2pp2".
+MeshShape parse_layout(const std::string& name) {
+  MeshShape shape;
+  if (name == "1") return shape;
+  size_t i = 0;
+  while (i < name.size()) {
+    const std::string axis = name.substr(i, 2);
+    i += 2;
+    size_t digits = 0;
+    while (i + digits < name.size() && std::isdigit(static_cast<unsigned char>(name[i + digits]))) ++digits;
+    if (digits == 0) throw std::invalid_argument(name);
+    const int size = std::stoi(name.substr(i, digits));
+    i += digits;
+    if (axis == "dp") {
+      shape.dp = size;
+    } else if (axis == "tp") {
+      shape.tp = size;
+    } else if (axis == "pp") {
+      shape.pp = size;
+    } else {
+      throw std::invalid_argument(name);
+    }
+  }
+  return shape;
+}
+
+std::string layout_label(const MeshShape& shape) {
+  if (shape.size() == 1) return "one device";
+  std::string label;
+  const auto add = [&](const char* axis, int size) {
+    if (size == 1) return;
+    if (!label.empty()) label += " x ";
+    label += axis;
+    label += std::to_string(size);
+  };
+  add("dp ", shape.dp);
+  add("tp ", shape.tp);
+  add("pp ", shape.pp);
+  return label;
+}
+
+std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
+}
+
+// Runs body(rank) on one thread per rank, one compute thread each; rethrows the first error.
+void on_rank_threads(int ranks, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      set_num_threads(1);
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    if (!errors[static_cast<size_t>(r)].empty()) {
+      std::string message = "rank ";
+      message += std::to_string(r);
+      message += ": ";
+      message += errors[static_cast<size_t>(r)];
+      throw std::runtime_error(message);
+    }
+  }
+}
+
+struct RankMemory {
+  parallel::GptStagePlan plan;
+  int64_t params = 0;      // elements of the stage's parameters
+  int64_t head_copy = 0;   // elements of the last stage's copy of the tied weight (0 if none)
+  int64_t built = 0;       // bytes allocated after construction
+  int64_t kept = 0;        // ... after the steps
+  int64_t first_peak = 0;  // the most allocated during the first step
+  int64_t peak = 0;        // ... during the second
+  int64_t formula(int64_t bytes_per_param) const { return bytes_per_param * params + 4 * head_copy; }
+};
+
+struct LayoutMemory {
+  MeshShape shape;
+  std::vector<RankMemory> ranks;
+  double seconds = 0;
+};
+
+int64_t allocated(int device) { return memory_stats(Device::cpu(device)).allocated_bytes; }
+
+// Builds the layout's ranks from `full` (which lives on `host`, a device no rank uses),
+// measures, steps twice, measures again.
+LayoutMemory measure_layout(const nn::Gpt& full, const MeshShape& shape, Device host) {
+  const Clock::time_point start = Clock::now();
+  const int ranks = shape.size();
+  LayoutMemory layout;
+  layout.shape = shape;
+  layout.ranks.resize(static_cast<size_t>(ranks));
+  std::vector<int64_t> before(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) before[static_cast<size_t>(r)] = allocated(r);
+
+  GptMeshOptions options;
+  options.mesh = shape;
+  options.micro_batch = 1;
+  const auto comms = comm::LocalCommunicator::create_group(ranks);
+  std::vector<std::unique_ptr<GptMeshRank>> parts(static_cast<size_t>(ranks));
+  on_rank_threads(ranks, [&](int r) {
+    parts[static_cast<size_t>(r)] =
+        std::make_unique<GptMeshRank>(full, options, comms[static_cast<size_t>(r)], Device::cpu(r), adamw);
+  });
+  for (int r = 0; r < ranks; ++r) {
+    RankMemory& m = layout.ranks[static_cast<size_t>(r)];
+    const parallel::GptStage& stage = parts[static_cast<size_t>(r)]->stage();
+    m.plan = stage.plan;
+    for (const Tensor& p : stage.parameters()) m.params += p.numel();
+    if (stage.last() && !stage.first()) m.head_copy = stage.head_weight.numel();
+    m.built = allocated(r) - before[static_cast<size_t>(r)];
+  }
+
+  // One sample per replica, on the host device: each rank copies its own onto its device.
+  const int64_t batch = shape.dp, context = full.config.context;
+  Philox rng(kSeed, 1);
+  std::vector<int64_t> tokens(static_cast<size_t>(batch * context)), targets(tokens.size());
+  for (int64_t& t : tokens) t = rng.next_u32() % full.config.vocab;
+  for (int64_t& t : targets) t = rng.next_u32() % full.config.vocab;
+  const Tensor token_batch = Tensor::from_vector(tokens, {batch, context}, host);
+  const Tensor target_batch = Tensor::from_vector(targets, {batch, context}, host);
+
+  for (uint64_t step = 0; step < 2; ++step) {
+    for (int r = 0; r < ranks; ++r) reset_peak_memory_stats(Device::cpu(r));
+    on_rank_threads(ranks, [&](int r) {
+      parts[static_cast<size_t>(r)]->step(token_batch, target_batch, static_cast<int64_t>(step) * batch, step, kSeed);
+    });
+    for (int r = 0; r < ranks; ++r) {
+      RankMemory& m = layout.ranks[static_cast<size_t>(r)];
+      const int64_t peak = memory_stats(Device::cpu(r)).peak_allocated_bytes - before[static_cast<size_t>(r)];
+      (step == 0 ? m.first_peak : m.peak) = peak;
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    layout.ranks[static_cast<size_t>(r)].kept = allocated(r) - before[static_cast<size_t>(r)];
+  }
+  parts.clear();
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t left = allocated(r) - before[static_cast<size_t>(r)];
+    if (left != 0) {
+      std::fprintf(stderr, "warning: cpu:%d holds %lld bytes after the ranks are gone\n", r,
+                   static_cast<long long>(left));
+    }
+    empty_cache(Device::cpu(r));  // the next layout's devices start from fresh memory
+  }
+  layout.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return layout;
+}
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / kMiB);
+  return text;
+}
+
+std::string ratio(int64_t measured, int64_t formula) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", static_cast<double>(measured) / static_cast<double>(formula));
+  return text;
+}
+
+std::string millions(int64_t n) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2fM", static_cast<double>(n) / 1e6);
+  return text;
+}
+
+// What the device holds: its blocks, the embeddings (first stage), the head's copy of the
+// tied weight (a last stage that is not the first).
+std::string holds(const parallel::GptStagePlan& plan, bool head_copy) {
+  std::string text = "h.";
+  text += std::to_string(plan.first_block);
+  text += '-';
+  text += std::to_string(plan.end_block - 1);
+  if (plan.stage == 0) text += " +emb";
+  if (head_copy) text += " +head copy";
+  return text;
+}
+
+std::string kib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%+.0f", static_cast<double>(bytes) / 1024.0);
+  return text;
+}
+
+void print_table(const std::vector<LayoutMemory>& layouts) {
+  const char* row = "%-18s %-6s %-18s %7s | %6s %6s | %6s %6s %6s %6s | %6s %6s %6s %6s %6s\n";
+  std::printf("\n");
+  std::printf(row, "layout", "device", "holds", "params", "built", "4B/p", "kept", "12B/p", "ratio", "over", "16B/p",
+              "peak1", "ratio", "peak2", "ratio");
+  std::printf(row, "", "", "", "", "MiB", "MiB", "MiB", "MiB", "", "KiB", "MiB", "MiB", "", "MiB", "");
+  for (const LayoutMemory& layout : layouts) {
+    for (size_t r = 0; r < layout.ranks.size(); ++r) {
+      const RankMemory& m = layout.ranks[r];
+      std::string device = "cpu:";
+      device += std::to_string(r);
+      std::printf(row, r == 0 ? layout_label(layout.shape).c_str() : "", device.c_str(),
+                  holds(m.plan, m.head_copy > 0).c_str(), millions(m.params).c_str(), mib(m.built).c_str(),
+                  mib(m.formula(4)).c_str(), mib(m.kept).c_str(), mib(m.formula(12)).c_str(),
+                  ratio(m.kept, m.formula(12)).c_str(), kib(m.kept - m.formula(12)).c_str(), mib(m.formula(16)).c_str(),
+                  mib(m.first_peak).c_str(), ratio(m.first_peak, m.formula(16)).c_str(), mib(m.peak).c_str(),
+                  ratio(m.peak, m.formula(16)).c_str());
+    }
+  }
+  std::printf(
+      "\nformulas: 4 B/param the weights; 12 B/param the weights and AdamW's m and v; 16 B/param those and\n"
+      "the gradients. Each counts the device's own parameters, plus 4 B per element of the tied weight's\n"
+      "copy on a last stage that is not the first (+head copy). over: kept minus its formula. cpu:0 also\n"
+      "holds AdamW's step counts (one host scalar, a 64-byte block, per parameter tensor) for every rank.\n"
+      "peak1 and peak2 hold activations and transient gradient copies besides what the formula counts.\n");
+}
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr,
+               "%s\nusage: gpt_layout_memory [--context N] [--layouts LIST]\n"
+               "  --context N     the GPT's context (64; the preset's is 1024): shorter keeps activations small\n"
+               "  --layouts LIST  comma-separated: 1 (one device) or dp<D>, tp<T>, pp<P> together, e.g. tp2pp2\n"
+               "                  (1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2)\n",
+               message.c_str());
+  return message.empty() ? 0 : 2;
+}
+
+int main_checked(int argc, char** argv) {
+  Options options;
+  const std::map<std::string, std::function<void(const std::string&)>> setters = {
+      {"--context", [&](const std::string& v) { options.context = std::stoll(v); }},
+      {"--layouts", [&](const std::string& v) { options.layouts = split(v); }},
+  };
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (flag == "--help" || flag == "-h") return usage_error("");
+    if (const size_t eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return usage_error(flag + " needs a value");
+    }
+    const auto setter = setters.find(flag);
+    if (setter == setters.end()) return usage_error("unknown flag " + flag);
+    try {
+      setter->second(value);
+    } catch (const std::logic_error&) {
+      return usage_error("bad value '" + value + "' for " + flag);
+    }
+  }
+  std::vector<MeshShape> shapes;
+  int most_ranks = 1;
+  for (const std::string& name : options.layouts) {
+    try {
+      shapes.push_back(parse_layout(name));
+    } catch (const std::logic_error&) {
+      return usage_error("bad layout '" + name + "'");
+    }
+    if (shapes.back().dp < 1 || shapes.back().tp < 1 || shapes.back().pp < 1) {
+      return usage_error("bad layout '" + name + "'");
+    }
+    most_ranks = std::max(most_ranks, shapes.back().size());
+  }
+  if (shapes.empty()) return usage_error("--layouts must name at least one layout");
+
+  nn::GptConfig config = nn::gpt_preset(options.preset);
+  config.context = options.context;
+  nn::check_gpt_config(config);
+  for (const MeshShape& shape : shapes) {
+    GptMeshOptions mesh;
+    mesh.mesh = shape;
+    parallel::gpt_blocks_per_stage(config, mesh);  // an Error where the stages cannot be filled
+  }
+  // The full model every rank copies its part from lives on a device no rank uses, so that
+  // cpu:0 counts rank 0's memory only.
+  const Device host = Device::cpu(most_ranks);
+  set_num_threads(2);
+  const Clock::time_point start = Clock::now();
+  const nn::Gpt full(config, kSeed);
+  for (const Tensor& p : full.parameters()) p.set_data(p.to(host));
+  int64_t total = 0;
+  for (const Tensor& p : full.parameters()) total += p.numel();
+  std::printf("%s with context %lld: %lld layers, %lld heads, width %lld, vocab %lld; %lld parameters (%s)\n",
+              options.preset.c_str(), static_cast<long long>(config.context), static_cast<long long>(config.layers),
+              static_cast<long long>(config.heads), static_cast<long long>(config.width),
+              static_cast<long long>(config.vocab), static_cast<long long>(total), millions(total).c_str());
+  std::printf(
+      "built in %.1f s; formula: 16 B/param = 4 weight + 4 gradient + 8 AdamW (m, v), fp32, each device "
+      "for its own parameters\n",
+      std::chrono::duration<double>(Clock::now() - start).count());
+  std::fflush(stdout);
+
+  std::vector<LayoutMemory> layouts;
+  for (const MeshShape& shape : shapes) {
+    layouts.push_back(measure_layout(full, shape, host));
+    const LayoutMemory& layout = layouts.back();
+    int64_t largest = 0;
+    for (const RankMemory& m : layout.ranks) largest = std::max(largest, m.formula(16));
+    std::printf("%-18s %d device%s in %4.1f s: 16 B/param / (tp x pp) = %s MiB; the largest device's formula %s MiB\n",
+                layout_label(shape).c_str(), shape.size(), shape.size() == 1 ? "" : "s", layout.seconds,
+                mib(16 * total / (shape.tp * shape.pp)).c_str(), mib(largest).c_str());
+    std::fflush(stdout);
+  }
+  print_table(layouts);
+  return 0;
+}
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  try {
+    return lockstep::main_checked(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_layout_memory: %s\n", e.what());
+    return 1;
+  }
+}
