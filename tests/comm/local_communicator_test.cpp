@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/conformance.h"
+#include "lockstep/core/allocator.h"
 
 namespace lockstep::comm {
 namespace {
@@ -110,6 +111,27 @@ TEST(LocalCommunicator, RecvChecksTheSendersTagAndSize) {
       } catch (const CommError& error) {
         EXPECT_NE(std::string(error.what()).find("rank 0 sent tag 3, 5 f32"), std::string::npos) << error.what();
       }
+    }
+  });
+}
+
+// An async call keeps its tensors until it has run, not until the next call: a pipeline
+// that sends an activation and drops it must get the memory back.
+TEST(LocalCommunicator, AsyncCallsReleaseTheirTensorsOnceDone) {
+  const Device device = Device::cpu(5);  // no other test allocates here
+  run_ranks(2, [&](Communicator& comm) {
+    if (comm.rank() == 0) {
+      const int64_t before = memory_stats(device).allocated_bytes;
+      {
+        const Tensor activation = Tensor::ones({1 << 18}, DType::f32, device);
+        comm.send_async(activation, 1).wait();
+        comm.all_reduce_async(activation).wait();
+      }
+      EXPECT_EQ(memory_stats(device).allocated_bytes, before);
+    } else {
+      const Tensor buffer = Tensor::empty({1 << 18});
+      comm.recv(buffer, 0);
+      comm.all_reduce(buffer);
     }
   });
 }

@@ -45,9 +45,14 @@ void check_cross_entropy(int ranks) {
   sum(expected * weights).backward();
   expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& group) {
     const int64_t columns = kVocab / ranks;
-    const Tensor mine = slice(logits, 1, r * columns, (r + 1) * columns).contiguous().clone().set_requires_grad(true);
+    // Each rank's logits on a device of its own: the results stay there.
+    const Device device = Device::cpu(r + 1);
+    const Tensor mine =
+        slice(logits, 1, r * columns, (r + 1) * columns).contiguous().to(device).set_requires_grad(true);
     const Tensor losses = vocab_parallel_cross_entropy(mine, targets, r * columns, group);
-    sum(losses * weights).backward();
+    sum(losses * weights.to(device)).backward();
+    EXPECT_EQ(losses.device(), device);
+    EXPECT_EQ(mine.grad().device(), device);
     expect_close(losses, expected, "losses on rank " + std::to_string(r));
     expect_close(mine.grad(), slice(full.grad(), 1, r * columns, (r + 1) * columns),
                  "logit gradient on rank " + std::to_string(r));

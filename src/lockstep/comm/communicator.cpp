@@ -88,7 +88,13 @@ void Communicator::run_sync(LaneId id, const std::function<void()>& body) {
 }
 
 Work Communicator::run_async(LaneId id, std::function<void()> body) {
-  std::packaged_task<void()> task([this, body = std::move(body)] { guarded(body); });
+  // The future shares its state with the task, callable included: the call's tensors are
+  // moved out and released when it has run, not when the lane's last future goes.
+  std::packaged_task<void()> task([this, body = std::move(body)]() mutable {
+    const std::function<void()> run = std::move(body);
+    body = nullptr;
+    guarded(run);
+  });
   std::shared_future<void> future = task.get_future().share();
   Lane& lane = lanes_[id];
   {

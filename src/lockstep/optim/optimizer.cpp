@@ -9,7 +9,21 @@ namespace {
 
 constexpr const char* kStepKey = "step";
 
+// Where a slot of parameter p lives: per-element state beside p; a counter, which the host
+// reads every step, in host memory (p's own CPU device, so memory_stats counts it there).
+Device slot_device(const Tensor& p, bool per_element) {
+  return per_element || !p.device().is_cuda() ? p.device() : Device::cpu();
+}
+
 }  // namespace
+
+std::string state_key(size_t index, const std::string& slot) {
+  std::string key = "state.";
+  key += std::to_string(index);
+  key += '.';
+  key += slot;
+  return key;
+}
 
 bool parse_state_key(const std::string& key, size_t& index, std::string& slot) {
   const std::string prefix = "state.";
@@ -78,7 +92,9 @@ Tensor& Optimizer::state_slot(size_t param, size_t slot) {
   Tensor& t = state_.at(param).at(slot);
   if (!t.defined()) {
     const Tensor& p = params_[param];
-    t = slots_[slot].per_element ? Tensor::zeros(p.shape(), p.dtype(), p.device()) : Tensor::zeros({}, DType::i64);
+    const bool per_element = slots_[slot].per_element;
+    t = Tensor::zeros(per_element ? p.shape() : Shape{}, per_element ? p.dtype() : DType::i64,
+                      slot_device(p, per_element));
   }
   return t;
 }
@@ -96,7 +112,7 @@ NamedTensors Optimizer::state_dict() const {
   out.emplace_back(kStepKey, Tensor::scalar(static_cast<double>(step_count_), DType::i64));
   for (size_t i = 0; i < params_.size(); ++i)
     for (size_t s = 0; s < slots_.size(); ++s)
-      if (state_[i][s].defined()) out.emplace_back("state." + std::to_string(i) + "." + slots_[s].name, state_[i][s]);
+      if (state_[i][s].defined()) out.emplace_back(state_key(i, slots_[s].name), state_[i][s]);
   return out;
 }
 
@@ -146,7 +162,8 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
                << (slots_[slot].per_element ? " (the parameter's shape)" : "");
       continue;
     }
-    Tensor copy = Tensor::empty(expected, slots_[slot].per_element ? p.dtype() : DType::i64, p.device());
+    Tensor copy = Tensor::empty(expected, slots_[slot].per_element ? p.dtype() : DType::i64,
+                                slot_device(p, slots_[slot].per_element));
     copy.copy_from(value);
     loaded[index][slot] = copy;
   }

@@ -83,5 +83,7 @@ constexpr int64_t kUpdateGrain = int64_t{1} << 15;
 // Splits "state.<index>.<slot>" into its parameter index and slot name; false for any
 // other key (such as "step").
 bool parse_state_key(const std::string& key, size_t& index, std::string& slot);
+// The key of parameter `index`'s state in `slot`: "state.<index>.<slot>".
+std::string state_key(size_t index, const std::string& slot);
 
 }  // namespace lockstep::optim

@@ -17,24 +17,6 @@ namespace {
 // tag checks that both sides agree on what comes next.
 enum Tag : int { kActivation = 0, kGradient = 1, kTiedGradient = 2, kTiedWeight = 3 };
 
-// "state.<index>.<slot>" -> (index, slot); false for other keys ("step").
-bool parse_state_key(const std::string& key, size_t& index, std::string& slot) {
-  if (!key.starts_with("state.")) return false;
-  const size_t dot = key.find('.', 6);
-  if (dot == std::string::npos) return false;
-  index = std::stoul(key.substr(6, dot - 6));
-  slot = key.substr(dot + 1);
-  return true;
-}
-
-std::string state_key(size_t index, const std::string& slot) {
-  std::string key = "state.";
-  key += std::to_string(index);
-  key += '.';
-  key += slot;
-  return key;
-}
-
 bool per_element_slot(const optim::Optimizer& optimizer, const std::string& slot) {
   for (const optim::StateSlot& s : optimizer.slots())
     if (s.name == slot) return s.per_element;
@@ -286,7 +268,7 @@ NamedTensors GptMeshRank::gather_full_optimizer_state() {
   for (const auto& [key, tensor] : local) {
     size_t index = 0;
     std::string slot;
-    if (!parse_state_key(key, index, slot)) {
+    if (!optim::parse_state_key(key, index, slot)) {
       step = tensor.to(Device::cpu()).clone();  // "step": the same on every rank
       continue;
     }
@@ -310,7 +292,7 @@ NamedTensors GptMeshRank::gather_full_optimizer_state() {
     const Entry& entry = entries[e];
     if (owners.data<int64_t>()[e] == 0) continue;
     world.all_reduce(entry.value);
-    full.emplace_back(state_key(entry.parameter, entry.slot), entry.value);
+    full.emplace_back(optim::state_key(entry.parameter, entry.slot), entry.value);
   }
   return full;
 }
@@ -339,14 +321,14 @@ void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& opt
   for (const auto& [key, tensor] : optimizer_state) {
     size_t index = 0;
     std::string slot;
-    if (!parse_state_key(key, index, slot)) {
+    if (!optim::parse_state_key(key, index, slot)) {
       state.emplace_back(key, tensor);
       continue;
     }
     const auto it = local_index.find(index);
     if (it == local_index.end()) continue;  // another stage's parameter
     const ShardSpec& spec = specs[it->second];
-    state.emplace_back(state_key(it->second, slot),
+    state.emplace_back(optim::state_key(it->second, slot),
                        per_element_slot(*optimizer_, slot) ? shard_of(tensor, spec, tp_rank, tp_size) : tensor);
   }
   optimizer_->load_state_dict(state);

@@ -65,7 +65,7 @@ NamedTensors ShardedOptimizer::full_state_dict() {
   for (size_t i = 0; i < layout_.params().size(); ++i) {
     for (size_t s = 0; s < slots.size(); ++s) {
       const Tensor& value = slots[s].second;
-      out.emplace_back("state." + std::to_string(i) + "." + slots[s].first,
+      out.emplace_back(optim::state_key(i, slots[s].first),
                        per_element[s] ? layout_.view(value, i).clone() : value.clone());
     }
   }

@@ -48,22 +48,25 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                  targets.size(0) == logits.size(0))
       << "vocab_parallel_cross_entropy: f32 logits [N, V/T] and targets [N], got " << shape_str(logits.shape())
       << " and " << shape_str(targets.shape());
+  LOCKSTEP_CHECK(!logits.device().is_cuda())
+      << "vocab_parallel_cross_entropy: runs on CPU devices only so far, got logits on " << logits.device().str();
   const int64_t n = logits.size(0), columns = logits.size(1);
+  const Device device = logits.device();  // every result lives where the logits do
   const Tensor x = logits.contiguous();
   const Tensor target = targets.contiguous().to(DType::i64);
   const float* v = x.data<float>();
   const int64_t* y = target.data<int64_t>();
 
   // Row maxima, then sums of exponentials and the target logits, over the whole vocabulary.
-  Tensor max = Tensor::empty({n}, DType::f32), sums = Tensor::empty({n}, DType::f32),
-         picked = Tensor::zeros({n}, DType::f32);
+  Tensor max = Tensor::empty({n}, DType::f32, device), sums = Tensor::empty({n}, DType::f32, device),
+         picked = Tensor::zeros({n}, DType::f32, device);
   float* mx = max.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     mx[i] = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < columns; ++j) mx[i] = std::max(mx[i], v[i * columns + j]);
   }
   group->all_reduce(max, comm::ReduceOp::max);
-  Tensor probabilities = Tensor::empty({n, columns}, DType::f32);
+  Tensor probabilities = Tensor::empty({n, columns}, DType::f32, device);
   float* p = probabilities.data<float>();
   float* s = sums.data<float>();
   float* tg = picked.data<float>();
@@ -79,7 +82,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   }
   group->all_reduce(sums);
   group->all_reduce(picked);
-  Tensor loss = Tensor::empty({n}, DType::f32);
+  Tensor loss = Tensor::empty({n}, DType::f32, device);
   float* l = loss.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     l[i] = std::log(s[i]) - tg[i];
