@@ -282,8 +282,8 @@ void print_table(const std::vector<LayoutMemory>& layouts) {
   std::printf(
       "\nformulas: 4 B/param the weights; 12 B/param the weights and AdamW's m and v; 16 B/param those and\n"
       "the gradients. Each counts the device's own parameters, plus 4 B per element of the tied weight's\n"
-      "copy on a last stage that is not the first (+head copy). over: kept minus its formula. cpu:0 also\n"
-      "holds AdamW's step counts (one host scalar, a 64-byte block, per parameter tensor) for every rank.\n"
+      "copy on a last stage that is not the first (+head copy). over: kept minus its formula, AdamW's\n"
+      "step counts (one scalar, a 64-byte block, per parameter tensor).\n"
       "peak1 and peak2 hold activations and transient gradient copies besides what the formula counts.\n");
 }
 
