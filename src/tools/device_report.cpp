@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string_view>
 
 namespace lockstep::tools {
 namespace {
@@ -37,6 +38,7 @@ void DeviceReport::add_step(const std::vector<parallel::DeviceTimes>& step) {
                                           {"wait", t.wait},
                                           {"all-reduce", t.communicate},
                                           {"optimizer", t.optimizer}}) {
+        if (seconds == 0 && name == std::string_view("pipeline bubble")) continue;  // not a pipeline
         trace_->span(track, name, at, seconds);
         at += seconds;
       }

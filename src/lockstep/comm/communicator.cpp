@@ -77,6 +77,15 @@ void Communicator::guarded(const std::function<void()>& body) {
 }
 
 void Communicator::run_sync(LaneId id, const std::function<void()>& body) {
+  const auto start = std::chrono::steady_clock::now();
+  struct Count {  // counts the call however it ends
+    std::atomic<double>& total;
+    std::chrono::steady_clock::time_point start;
+    ~Count() {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      total.fetch_add(seconds, std::memory_order_relaxed);
+    }
+  } count{blocking_seconds_, start};
   std::shared_future<void> pending;
   {
     std::lock_guard lock(mutex_);

@@ -59,6 +59,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void send(const Tensor& tensor, int peer, int tag = 0);
   void recv(const Tensor& tensor, int peer, int tag = 0);
   void barrier();
+  // Seconds this rank has spent in blocking calls on this communicator, waiting for its
+  // peers included: a layout whose compute is interleaved with collectives (tensor
+  // parallelism) tells its communication time apart with it.
+  double blocking_seconds() const { return blocking_seconds_.load(std::memory_order_relaxed); }
   // Ranks passing the same color form a new communicator, ranked by (key, old rank);
   // color < 0 takes no part and gets nullptr (MPI_UNDEFINED). Collective on this group.
   std::shared_ptr<Communicator> split(int color, int key);
@@ -133,6 +137,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int size_;
   std::atomic<std::chrono::milliseconds> timeout_;  // read by the lanes' worker threads
   uint64_t sequence_ = 0;
+  std::atomic<double> blocking_seconds_{0};
 
   std::mutex mutex_;  // guards the lanes' queues, stopping_ and failure_
   Lane lanes_[3];

@@ -143,6 +143,8 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
     const Tensor alive = tensor.contiguous();
     sends.emplace_back(pp.send_async(alive, peer, tag), alive);
   };
+  // Tensor parallelism all-reduces inside forward and backward: counted as communication.
+  const double tp_before = mesh_.tp_group()->blocking_seconds();
   const std::vector<PipelineOp> ops = pipeline_ops(options_.schedule, stage, stages, micro_batches);
   micro_batches_ = micro_batches;
   most_in_flight_ = parallel::most_in_flight(ops);
@@ -195,9 +197,14 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
     times.compute += seconds_since(compute);
   }
   std::vector<Tensor> sums = tree.finish();
-  start = StepClock::now();
-  for (const auto& [work, tensor] : sends) work.wait();
-  times.bubble += seconds_since(start);
+  const double tensor_parallel = mesh_.tp_group()->blocking_seconds() - tp_before;
+  times.compute -= tensor_parallel;
+  times.communicate += tensor_parallel;
+  if (!sends.empty()) {
+    start = StepClock::now();
+    for (const auto& [work, tensor] : sends) work.wait();
+    times.bubble += seconds_since(start);
+  }
 
   // The top of the tree: the replicas' subtrees, in tree order.
   comm::Communicator& dp = *mesh_.dp_group();
@@ -210,7 +217,7 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
   if (part.last()) dp.all_reduce(loss);
   pp.broadcast(loss, stages - 1);
   outcome.loss = loss.data<double>()[0];
-  times.communicate = seconds_since(start);
+  times.communicate += seconds_since(start);
 
   start = StepClock::now();
   gradients_->give(sums[0]);
