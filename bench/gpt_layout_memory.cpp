@@ -40,6 +40,7 @@
 #include "lockstep/nn/gpt.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/gpt_mesh.h"
+#include "tools/flags.h"
 
 namespace lockstep {
 namespace {
@@ -55,7 +56,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct Options {
   std::string preset = "gpt2-124m";
   int64_t context = 64;
-  std::vector<std::string> layouts{"1", "dp2", "tp2", "pp2", "tp2pp2", "dp2tp2pp2"};
+  std::string layouts = "1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2";
 };
 
 std::vector<std::string> split(const std::string& list) {
@@ -288,44 +289,22 @@ void print_table(const std::vector<LayoutMemory>& layouts) {
 }
 
 int usage_error(const std::string& message) {
-  std::fprintf(stderr,
-               "%s\nusage: gpt_layout_memory [--context N] [--layouts LIST]\n"
-               "  --context N     the GPT's context (64; the preset's is 1024): shorter keeps activations small\n"
-               "  --layouts LIST  comma-separated: 1 (one device) or dp<D>, tp<T>, pp<P> together, e.g. tp2pp2\n"
-               "                  (1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2)\n",
-               message.c_str());
-  return message.empty() ? 0 : 2;
+  std::fprintf(stderr, "gpt_layout_memory: %s\n", message.c_str());
+  return 2;
 }
 
 int main_checked(int argc, char** argv) {
   Options options;
-  const std::map<std::string, std::function<void(const std::string&)>> setters = {
-      {"--context", [&](const std::string& v) { options.context = std::stoll(v); }},
-      {"--layouts", [&](const std::string& v) { options.layouts = split(v); }},
-  };
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (flag == "--help" || flag == "-h") return usage_error("");
-    if (const size_t eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return usage_error(flag + " needs a value");
-    }
-    const auto setter = setters.find(flag);
-    if (setter == setters.end()) return usage_error("unknown flag " + flag);
-    try {
-      setter->second(value);
-    } catch (const std::logic_error&) {
-      return usage_error("bad value '" + value + "' for " + flag);
-    }
-  }
+  tools::Flags flags("gpt_layout_memory",
+                     "Memory per device of a GPT-2 124M-shaped model on each mesh layout, beside 16 bytes per "
+                     "parameter.");
+  flags.add("context", &options.context, "the GPT's context (the preset's is 1024): shorter keeps activations small");
+  flags.add("layouts", &options.layouts,
+            "comma-separated: 1 (one device) or dp<D>, tp<T>, pp<P> together, e.g. tp2pp2");
+  if (!flags.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
   std::vector<MeshShape> shapes;
   int most_ranks = 1;
-  for (const std::string& name : options.layouts) {
+  for (const std::string& name : split(options.layouts)) {
     try {
       shapes.push_back(parse_layout(name));
     } catch (const std::logic_error&) {
@@ -386,6 +365,9 @@ int main_checked(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return lockstep::main_checked(argc, argv);
+  } catch (const lockstep::UsageError& e) {
+    std::fprintf(stderr, "gpt_layout_memory: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_layout_memory: %s\n", e.what());
     return 1;

@@ -76,8 +76,8 @@ def main():
         print(f"{name:<16}{rate:>10.0f}{rate / reference:>7.2f}x{peaks:>22}{100 * comm:>6.1f}%{bubble:>8}{theory:>8}"
               f"{held:>6}")
     print("peak MiB: the allocator's peak on each device over training (device 0's includes the loaded text);"
-          " comm: the largest device's share of its time in all-reduce (tensor parallelism's all-reduces"
-          " inside the blocks count as compute)")
+          " comm: the largest device's share of its time communicating (tensor parallelism's all-reduces"
+          " inside the blocks included; a pipeline's: the tied weight and the loss)")
 
 
 if __name__ == "__main__":

@@ -279,7 +279,8 @@ std::vector<Row> mpi_reference_rows(int ranks, const std::vector<std::string>& a
 int bench_collectives_main(const std::vector<std::string>& raw_args) {
   const std::vector<std::string> args = expand_short_flags(raw_args);
   Options o;
-  Flags flags("bench collectives", "time collectives like nccl-tests, with eta and an optional MPI comparison");
+  Flags flags("lockstep bench collectives",
+              "time collectives like nccl-tests, with eta and an optional MPI comparison");
   flags.add("minbytes", &o.minbytes, "smallest size (-b), e.g. 4K");
   flags.add("maxbytes", &o.maxbytes, "largest size (-e), e.g. 256M");
   flags.add("stepfactor", &o.stepfactor, "size multiplier between rows (-f)");

@@ -90,7 +90,7 @@ void print_report(const std::vector<Check>& checks) {
 
 int doctor_main(const std::vector<std::string>& args) {
   bool json = false;
-  Flags flags("doctor",
+  Flags flags("lockstep doctor",
               "Checks whether this machine is ready to train: the GPUs and their driver, CUDA and NCCL versions,\n"
               "CUDA_VISIBLE_DEVICES, other users' processes, GPU health, topology, /dev/shm, locked memory, cores,\n"
               "NUMA and MPI. Exit code 0: all pass; 1: warnings; 2: failures.");

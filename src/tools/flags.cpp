@@ -83,7 +83,7 @@ bool Flags::parse(const std::vector<std::string>& args) {
       name = name.substr(0, eq);
     }
     const Option* option = find(name);
-    if (option == nullptr) usage_error("unknown option --" + name + " (see 'lockstep " + command_ + " --help')");
+    if (option == nullptr) usage_error("unknown option --" + name + " (see '" + command_ + " --help')");
     if (std::holds_alternative<bool*>(option->target)) {
       if (inline_value) usage_error("--" + name + " takes no value");
     } else if (!inline_value) {
@@ -102,7 +102,7 @@ bool Flags::given(const std::string& name) const {
 
 std::string Flags::usage() const {
   std::ostringstream out;
-  out << "usage: lockstep " << command_ << " [options]\n\n" << summary_ << "\n\noptions:\n";
+  out << "usage: " << command_ << " [options]\n\n" << summary_ << "\n\noptions:\n";
   for (const Option& option : options_) {
     std::string left = "  --" + option.name;
     if (!std::holds_alternative<bool*>(option.target)) left += " VALUE";

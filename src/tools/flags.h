@@ -12,6 +12,7 @@ namespace lockstep::tools {
 
 class Flags {
  public:
+  // command: how the user runs it, e.g. "lockstep train" (usage and errors show it).
   Flags(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}
 
   void add(const std::string& name, std::string* target, const std::string& help);

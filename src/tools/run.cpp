@@ -135,7 +135,7 @@ int run_main(const std::vector<std::string>& args) {
   int64_t workers = 0, max_restarts = 0, master_port = 0;
   double grace_seconds = 5, wait_seconds = -1;
   std::string log_dir, master_addr = "127.0.0.1", gpus, min_free_memory = "0";
-  Flags flags("run",
+  Flags flags("lockstep run",
               "Starts one process per device, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
               "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS):\n"
               "  lockstep run -n N [options] -- CMD ARGS...\n"

@@ -103,7 +103,7 @@ void print(const std::string& text) {
 int top_main(const std::vector<std::string>& args) {
   TopOptions options;
   bool once = false;
-  Flags flags("top",
+  Flags flags("lockstep top",
               "Live per-device utilization, memory, temperature, power, clocks, throttling and processes\n"
               "(the CPU cores and memory on a host with no NVIDIA driver):\n"
               "  lockstep top [-l SECONDS] [--once] [--json] [--count N] [--log FILE.csv|FILE.jsonl] [--serve :PORT]\n"

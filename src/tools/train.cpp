@@ -138,7 +138,7 @@ void check_options(const TrainOptions& options) {
 
 int train_main(const std::vector<std::string>& args) {
   TrainOptions options;
-  Flags flags("train",
+  Flags flags("lockstep train",
               "Trains a model on Fashion-MNIST (cnn, mlp) and prints its test accuracy, or a GPT on byte-level\n"
               "text (gpt) and prints its validation loss and a sample. Writes metrics.jsonl,\n"
               "checkpoint.safetensors and summary.json under --out.");

@@ -16,7 +16,7 @@ struct Parsed {
 };
 
 Flags make_flags(Parsed& p) {
-  Flags flags("demo", "A demo.");
+  Flags flags("lockstep demo", "A demo.");
   flags.add("name", &p.name, "a name");
   flags.add("count", &p.count, "a count");
   flags.add("seed", &p.seed, "a seed");
@@ -61,6 +61,7 @@ TEST(Flags, UsageShowsDefaultsUnlessTheHelpExplainsThem) {
   const std::string usage = make_flags(p).usage();
   EXPECT_NE(usage.find("a count (default 1)"), std::string::npos) << usage;
   EXPECT_NE(usage.find("a rate (default: computed)\n"), std::string::npos) << usage;
+  EXPECT_EQ(usage.rfind("usage: lockstep demo [options]\n", 0), 0u) << usage;
 }
 
 }  // namespace
