@@ -36,14 +36,32 @@ void place_shard(const Tensor& full, const Tensor& shard, const ShardSpec& spec,
   }
 }
 
-// A tensor whose every element is -0.0, the identity of float addition for every value:
-// x + (-0.0) is x, +0.0 and -0.0 included, where x + (+0.0) would turn a -0.0 into +0.0. A
-// sum over ranks of one owner's value and everyone else's -0.0 is the value's very bits.
-Tensor additive_identity(const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype);
-  t.fill(dtype == DType::f32 || dtype == DType::f64 ? -0.0 : 0.0);
-  return t;
-}
+// Tensors of the given shapes, views of one buffer that every rank fills with the additive
+// identity of its dtype — -0.0 for floats: x + (-0.0) is x, +0.0 and -0.0 included, where
+// x + (+0.0) would turn a -0.0 into +0.0. Each element's owner writes its value, and one
+// all-reduce gives every rank the owners' very bits.
+class OwnersSum {
+ public:
+  OwnersSum(const std::vector<Shape>& shapes, DType dtype) {
+    int64_t total = 0;
+    for (const Shape& shape : shapes) total += numel(shape);
+    buffer_ = Tensor::empty({total}, dtype);
+    buffer_.fill(dtype == DType::f32 || dtype == DType::f64 ? -0.0 : 0.0);
+    int64_t offset = 0;
+    for (const Shape& shape : shapes) {
+      views_.push_back(buffer_.as_strided(shape, contiguous_strides(shape), offset));
+      offset += numel(shape);
+    }
+  }
+  const Tensor& operator[](size_t i) const { return views_[i]; }
+  void all_reduce(comm::Communicator& comm) const {
+    if (buffer_.numel() > 0) comm.all_reduce(buffer_);
+  }
+
+ private:
+  Tensor buffer_;
+  std::vector<Tensor> views_;
+};
 
 }  // namespace
 
@@ -235,44 +253,49 @@ NamedTensors GptMeshRank::gather_full_weights() {
   const MeshCoord c = mesh_.coord();
   const std::vector<ShardSpec> specs = stage_->shard_specs();
   const std::vector<Tensor> local = stage_->parameters();
-  NamedTensors full;
-  for (const auto& [name, shape] : full_parameters_) full.emplace_back(name, additive_identity(shape, DType::f32));
+  std::vector<Shape> shapes;
+  for (const auto& [name, shape] : full_parameters_) shapes.push_back(shape);
+  const OwnersSum full(shapes, DType::f32);
   NoGradGuard no_grad;
   // Replica 0 owns the weights; a replicated tensor, its tensor-parallel rank 0.
   if (c.dp == 0) {
     for (size_t i = 0; i < local.size(); ++i) {
-      if (specs[i].axis >= 0 || c.tp == 0) {
-        place_shard(full[full_index_[i]].second, local[i], specs[i], c.tp, mesh_.shape().tp);
-      }
+      if (specs[i].axis >= 0 || c.tp == 0)
+        place_shard(full[full_index_[i]], local[i], specs[i], c.tp, mesh_.shape().tp);
     }
   }
-  for (const auto& [name, tensor] : full) mesh_.world()->all_reduce(tensor);
-  return full;
+  full.all_reduce(*mesh_.world());
+  NamedTensors out;
+  for (size_t f = 0; f < full_parameters_.size(); ++f) out.emplace_back(full_parameters_[f].first, full[f]);
+  return out;
 }
 
 NamedTensors GptMeshRank::gather_full_optimizer_state() {
   const MeshCoord c = mesh_.coord();
   const std::vector<ShardSpec> specs = stage_->shard_specs();
-  const NamedTensors local = optimizer_->state_dict();
   const std::vector<optim::StateSlot>& slots = optimizer_->slots();
-  // Every (parameter, slot) of the full model on every rank, with a count of the ranks that
-  // own it: a slot no rank has yet (no step taken) is left out, as an unsharded optimizer
-  // leaves it out.
+  // Every (parameter, slot) of the full model on every rank — per-element state in one
+  // float buffer, counters in an integer one — with a count of the ranks that own each: a
+  // slot no rank has yet (no step taken) is left out, as an unsharded optimizer leaves it out.
   struct Entry {
-    size_t parameter;
-    std::string slot;
-    Tensor value;
+    size_t parameter, slot, index;  // index: in `values` or `counters`, by the slot's kind
   };
   std::vector<Entry> entries;
+  std::vector<Shape> value_shapes, counter_shapes;
   for (size_t f = 0; f < full_parameters_.size(); ++f) {
-    for (const optim::StateSlot& slot : slots) {
-      const Shape shape = slot.per_element ? full_parameters_[f].second : Shape{};
-      entries.push_back({f, slot.name, additive_identity(shape, slot.per_element ? DType::f32 : DType::i64)});
+    for (size_t s = 0; s < slots.size(); ++s) {
+      std::vector<Shape>& shapes = slots[s].per_element ? value_shapes : counter_shapes;
+      entries.push_back({f, s, shapes.size()});
+      shapes.push_back(slots[s].per_element ? full_parameters_[f].second : Shape{});
     }
   }
-  const Tensor owners = Tensor::zeros({static_cast<int64_t>(entries.size())}, DType::i64);
+  const OwnersSum values(value_shapes, DType::f32), counters(counter_shapes, DType::i64);
+  const OwnersSum owners({Shape{static_cast<int64_t>(entries.size())}}, DType::i64);
+  const auto place = [&](const Entry& entry) -> const Tensor& {
+    return slots[entry.slot].per_element ? values[entry.index] : counters[entry.index];
+  };
   Tensor step;
-  for (const auto& [key, tensor] : local) {
+  for (const auto& [key, tensor] : optimizer_->state_dict()) {
     size_t index = 0;
     std::string slot;
     if (!optim::parse_state_key(key, index, slot)) {
@@ -283,23 +306,22 @@ NamedTensors GptMeshRank::gather_full_optimizer_state() {
     size_t s = 0;
     while (slots[s].name != slot) ++s;
     const size_t e = full_index_[index] * slots.size() + s;
-    Entry& entry = entries[e];
     if (slots[s].per_element) {
-      place_shard(entry.value, tensor, specs[index], c.tp, mesh_.shape().tp);
+      place_shard(place(entries[e]), tensor, specs[index], c.tp, mesh_.shape().tp);
     } else {
-      entry.value.copy_from(tensor);
+      place(entries[e]).copy_from(tensor);
     }
-    owners.data<int64_t>()[e] = 1;
+    owners[0].data<int64_t>()[e] = 1;
   }
   comm::Communicator& world = *mesh_.world();
+  owners.all_reduce(world);
+  values.all_reduce(world);
+  counters.all_reduce(world);
   NamedTensors full;
   if (step.defined()) full.emplace_back("step", step);
-  world.all_reduce(owners);
   for (size_t e = 0; e < entries.size(); ++e) {
-    const Entry& entry = entries[e];
-    if (owners.data<int64_t>()[e] == 0) continue;
-    world.all_reduce(entry.value);
-    full.emplace_back(optim::state_key(entry.parameter, entry.slot), entry.value);
+    if (owners[0].data<int64_t>()[e] == 0) continue;
+    full.emplace_back(optim::state_key(entries[e].parameter, slots[entries[e].slot].name), place(entries[e]));
   }
   return full;
 }
