@@ -17,10 +17,11 @@ namespace {
 // tag checks that both sides agree on what comes next.
 enum Tag : int { kActivation = 0, kGradient = 1, kTiedGradient = 2, kTiedWeight = 3 };
 
-bool per_element_slot(const optim::Optimizer& optimizer, const std::string& slot) {
-  for (const optim::StateSlot& s : optimizer.slots())
-    if (s.name == slot) return s.per_element;
-  return false;
+// The position of the optimizer's slot named `name`, or slots.size() when it has none.
+size_t slot_index(const std::vector<optim::StateSlot>& slots, const std::string& name) {
+  size_t s = 0;
+  while (s < slots.size() && slots[s].name != name) ++s;
+  return s;
 }
 
 // Writes a shard (rank `rank` of `ranks`'s, cut as `spec` says) into its place in `full`.
@@ -303,8 +304,7 @@ NamedTensors GptMeshRank::gather_full_optimizer_state() {
       continue;
     }
     if (c.dp != 0 || (specs[index].axis < 0 && c.tp != 0)) continue;
-    size_t s = 0;
-    while (slots[s].name != slot) ++s;
+    const size_t s = slot_index(slots, slot);
     const size_t e = full_index_[index] * slots.size() + s;
     if (slots[s].per_element) {
       place_shard(place(entries[e]), tensor, specs[index], c.tp, mesh_.shape().tp);
@@ -355,10 +355,11 @@ void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& opt
       continue;
     }
     const auto it = local_index.find(index);
-    if (it == local_index.end()) continue;  // another stage's parameter
-    const ShardSpec& spec = specs[it->second];
+    if (it == local_index.end()) continue;                   // another stage's parameter
+    const size_t s = slot_index(optimizer_->slots(), slot);  // an unknown slot: load_state_dict names it
+    const bool per_element = s < optimizer_->slots().size() && optimizer_->slots()[s].per_element;
     state.emplace_back(optim::state_key(it->second, slot),
-                       per_element_slot(*optimizer_, slot) ? shard_of(tensor, spec, tp_rank, tp_size) : tensor);
+                       per_element ? shard_of(tensor, specs[it->second], tp_rank, tp_size) : tensor);
   }
   optimizer_->load_state_dict(state);
 }
