@@ -7,8 +7,6 @@
 namespace lockstep::tools {
 namespace {
 
-double busy(const parallel::DeviceTimes& t) { return t.compute + t.bubble + t.wait + t.communicate + t.optimizer; }
-
 double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
 }  // namespace
@@ -69,9 +67,9 @@ nlohmann::json DeviceReport::json(const std::vector<std::string>& names, const s
                    {"wait_s", t.wait},
                    {"communicate_s", t.communicate},
                    {"optimizer_s", t.optimizer},
-                   {"bubble_share", share(t.bubble, busy(t))},
-                   {"communicate_share", share(t.communicate, busy(t))},
-                   {"wait_share", share(t.wait, busy(t))},
+                   {"bubble_share", share(t.bubble, t.busy())},
+                   {"communicate_share", share(t.communicate, t.busy())},
+                   {"wait_share", share(t.wait, t.busy())},
                    {"peak_memory_bytes", totals[d].peak_bytes}});
   }
   return out;
@@ -110,17 +108,17 @@ std::string DeviceReport::table(const std::vector<std::string>& names, const std
       out += line;
     }
     std::snprintf(line, sizeof(line), "%12.3f %12.3f %12.3f %7.1f%% %7.1f%% ", t.wait, t.communicate, t.optimizer,
-                  100 * share(t.wait, busy(t)), 100 * share(t.communicate, busy(t)));
+                  100 * share(t.wait, t.busy()), 100 * share(t.communicate, t.busy()));
     out += line;
     if (pipeline) {
-      std::snprintf(line, sizeof(line), "%7.1f%% ", 100 * share(t.bubble, busy(t)));
+      std::snprintf(line, sizeof(line), "%7.1f%% ", 100 * share(t.bubble, t.busy()));
       out += line;
     }
     std::snprintf(line, sizeof(line), "%10.1f\n", static_cast<double>(totals[d].peak_bytes) / (1 << 20));
     out += line;
     if (t.compute > totals[slowest].times.compute) slowest = d;
     communicate += t.communicate;
-    total += busy(t);
+    total += t.busy();
     compute_sum += t.compute;
   }
   const double mean_compute = compute_sum / static_cast<double>(totals.size());

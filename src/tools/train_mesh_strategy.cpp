@@ -123,7 +123,7 @@ class MeshStrategy final : public TrainStrategy {
     double bubble = 0, busy = 0;
     for (const DeviceTotals& t : totals) {
       bubble += t.times.bubble;
-      busy += t.times.compute + t.times.bubble + t.times.wait + t.times.communicate + t.times.optimizer;
+      busy += t.times.busy();
     }
     // A stage holds at most as many micro-batches as the first stage, which holds the most.
     int64_t most = 0;
@@ -216,15 +216,11 @@ std::unique_ptr<TrainStrategy> make_mesh_strategy(TrainOptions& options, const R
           .context = options.context, .layers = options.layers, .heads = options.heads, .width = options.width},
       layout);
   if (!error.empty()) throw UsageError(error);
-  if (!processes) {
-    const int threads = options.threads > 0 ? static_cast<int>(options.threads) : host_cores();
-    return std::make_unique<MeshStrategy>(layout, threads, nullptr, make_replica, make_optimizer);
-  }
-  // The host's cores, shared by the processes on it.
-  const int threads = options.threads > 0 ? static_cast<int>(options.threads)
-                                          : std::max(1, host_cores() / std::max(1, launch.local_world_size));
-  return std::make_unique<MeshStrategy>(layout, threads, comm::init_process_group(options.backend), make_replica,
-                                        make_optimizer);
+  if (!processes)
+    return std::make_unique<MeshStrategy>(layout, threads_for_process(options, 1), nullptr, make_replica,
+                                          make_optimizer);
+  return std::make_unique<MeshStrategy>(layout, threads_for_process(options, launch.local_world_size),
+                                        comm::init_process_group(options.backend), make_replica, make_optimizer);
 }
 
 }  // namespace lockstep::tools

@@ -10,6 +10,11 @@
 
 namespace lockstep::tools {
 
+int threads_for_process(const TrainOptions& options, int processes_on_host) {
+  if (options.threads > 0) return static_cast<int>(options.threads);
+  return std::max(1, host_cores() / std::max(1, processes_on_host));
+}
+
 std::vector<std::string> cpu_device_names(int first, int count) {
   std::vector<std::string> names;
   for (int d = first; d < first + count; ++d) names.push_back(Device::cpu(d).str());
@@ -155,7 +160,7 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
       }
     }
     check_layout(options);
-    const int threads = options.threads > 0 ? static_cast<int>(options.threads) : host_cores();
+    const int threads = threads_for_process(options, 1);
     return std::make_unique<DataParallelStrategy>(options, threads, make_replica, make_optimizer);
   }
   if (options.strategy == "ddp" || options.strategy == "zero1") {
@@ -169,9 +174,7 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
     }
     options.devices = launch.world_size;
     check_layout(options);
-    // The host's cores, shared by the processes on it.
-    const int threads = options.threads > 0 ? static_cast<int>(options.threads)
-                                            : std::max(1, host_cores() / std::max(1, launch.local_world_size));
+    const int threads = threads_for_process(options, launch.local_world_size);
     std::shared_ptr<comm::Communicator> comm = comm::init_process_group(options.backend);
     return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, make_replica, make_optimizer);
   }

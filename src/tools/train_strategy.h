@@ -68,6 +68,10 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::ve
 // Every rank's totals, given this rank's (collective over comm).
 std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const DeviceTotals& mine);
 
+// The threads this process computes with: --threads, else the host's cores shared by the
+// processes of the job on this host.
+int threads_for_process(const TrainOptions& options, int processes_on_host);
+
 // "cpu:first" .. "cpu:first+count-1".
 std::vector<std::string> cpu_device_names(int first, int count);
 

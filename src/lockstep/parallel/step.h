@@ -19,6 +19,8 @@ struct DeviceTimes {
   double communicate = 0;  // the all-reduce itself (with overlap: the part backward did not hide)
   double bubble = 0;       // pipeline: idle, waiting for a neighbouring stage's activations or gradients
   double optimizer = 0;    // the optimizer step
+  // The step's time on the device, every part of it.
+  double busy() const { return compute + wait + communicate + bubble + optimizer; }
 };
 
 using StepClock = std::chrono::steady_clock;
