@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lockstep/core/cuda_device.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep {
@@ -72,40 +73,39 @@ CpuPool& cpu_pool(int index) {
   return *pool;
 }
 
-void require_cpu(Device device) {
-  LOCKSTEP_CHECK(device.is_cpu()) << "device " << device
-                                  << " is not available: this build of Lockstep has no CUDA backend";
-}
-
 }  // namespace
 
 void* device_alloc(Device device, size_t bytes) {
-  require_cpu(device);
+  if (device.is_cuda()) return bytes == 0 ? nullptr : cuda::allocate(device, bytes);
   if (bytes == 0) return nullptr;
   return cpu_pool(device.index()).allocate(bytes);
 }
 
 void device_free(Device device, void* ptr, size_t bytes) {
   if (ptr == nullptr) return;
-  cpu_pool(device.index()).release(ptr, bytes);
+  if (device.is_cuda()) {
+    cuda::release(device, ptr, bytes);
+  } else {
+    cpu_pool(device.index()).release(ptr, bytes);
+  }
 }
 
 MemoryStats memory_stats(Device device) {
-  require_cpu(device);
+  if (device.is_cuda()) return cuda::memory_stats(device);
   CpuPool& pool = cpu_pool(device.index());
   std::lock_guard<std::mutex> lock(pool.mutex);
   return pool.stats;
 }
 
 void reset_peak_memory_stats(Device device) {
-  require_cpu(device);
+  if (device.is_cuda()) return cuda::reset_peak_memory_stats(device);
   CpuPool& pool = cpu_pool(device.index());
   std::lock_guard<std::mutex> lock(pool.mutex);
   pool.stats.peak_allocated_bytes = pool.stats.allocated_bytes;
 }
 
 void empty_cache(Device device) {
-  require_cpu(device);
+  if (device.is_cuda()) return cuda::empty_cache(device);
   cpu_pool(device.index()).empty();
 }
 

@@ -1,5 +1,10 @@
 #include "lockstep/core/tensor.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/tensor_copy.h"
+#endif
+
+#include <cmath>
 #include <cstring>
 #include <iomanip>
 
@@ -57,6 +62,10 @@ bool Tensor::is_contiguous() const {
 void* Tensor::raw_data() const {
   LOCKSTEP_CHECK(device().is_cpu()) << "host access to a tensor on " << device()
                                     << ": copy it to the CPU first with .to(Device::cpu())";
+  return data_ptr();
+}
+
+void* Tensor::data_ptr() const {
   return static_cast<char*>(storage()->data()) + offset() * static_cast<int64_t>(dtype_size(dtype()));
 }
 
@@ -128,6 +137,9 @@ void strided_copy(const Tensor& src, const Tensor& dst) {
       << "copy: source shape " << shape_str(src.shape()) << " differs from destination " << shape_str(dst.shape());
   const int64_t n = src.numel();
   if (n == 0) return;
+#if LOCKSTEP_HAVE_CUDA
+  if (src.device().is_cuda() || dst.device().is_cuda()) return cuda::copy_tensor(src, dst);
+#endif
   if (src.is_contiguous() && dst.is_contiguous()) {
     convert_elements(src.raw_data(), src.dtype(), dst.raw_data(), dst.dtype(), n);
     return;
@@ -190,9 +202,12 @@ void strided_copy(const Tensor& src, const Tensor& dst) {
 void Tensor::copy_from(const Tensor& src) const { strided_copy(src, *this); }
 
 void Tensor::fill(double value) const {
+#if LOCKSTEP_HAVE_CUDA
+  if (device().is_cuda()) return cuda::fill_tensor(*this, value);
+#endif
   if (is_contiguous()) {
     if (numel() == 0) return;
-    if (value == 0.0) {
+    if (value == 0.0 && !std::signbit(value)) {  // -0.0 is not all-zero bits
       std::memset(raw_data(), 0, nbytes());
       return;
     }

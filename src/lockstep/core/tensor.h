@@ -74,6 +74,14 @@ class Tensor {
   template <typename T>
   T* data() const;
   void* raw_data() const;
+  // The address of the first element on any device (a GPU pointer for cuda tensors): for
+  // kernels, never dereferenced on the host.
+  void* data_ptr() const;
+  template <typename T>
+  T* data_ptr() const {
+    check_dtype(dtype_of<T>());
+    return static_cast<T*>(data_ptr());
+  }
   // Converts every element to T (copying from any layout); for tests and I/O.
   template <typename T>
   std::vector<T> to_vector() const;
@@ -148,14 +156,14 @@ template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
   LOCKSTEP_CHECK(static_cast<int64_t>(values.size()) == lockstep::numel(shape))
       << "from_vector: " << values.size() << " values do not fill shape " << shape_str(shape);
-  Tensor t = empty(shape, dtype_of<T>(), device);
+  Tensor t = empty(shape, dtype_of<T>(), device.is_cpu() ? device : Device::cpu());
   std::copy(values.begin(), values.end(), t.data<T>());
-  return t;
+  return device.is_cpu() ? t : t.to(device);
 }
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  const Tensor dense = Tensor::empty(shape(), dtype_of<T>(), device());
+  const Tensor dense = Tensor::empty(shape(), dtype_of<T>(), device().is_cpu() ? device() : Device::cpu());
   dense.copy_from(*this);
   const T* p = dense.data<T>();
   return std::vector<T>(p, p + dense.numel());

@@ -1,5 +1,7 @@
 #include "lockstep/ops/dispatch.h"
 
+#include "lockstep/core/cuda_device.h"
+
 namespace lockstep::ops {
 
 Device common_device(const char* op, std::initializer_list<Tensor> tensors) {
@@ -19,6 +21,12 @@ Device common_device(const char* op, std::initializer_list<Tensor> tensors) {
 
 void require_cpu(const char* op, Device device) {
   LOCKSTEP_CHECK(device.is_cpu()) << op << " has no kernel for " << device << " in this build";
+}
+
+void require_device(const char* op, Device device) {
+  LOCKSTEP_CHECK(device.is_cpu() || (device.is_cuda() && cuda::built()))
+      << op << " has no kernel for " << device
+      << " in this build: it was built without the CUDA backend (built when nvcc and NCCL are found)";
 }
 
 void require_float(const char* op, const Tensor& t) {

@@ -15,6 +15,10 @@ Device common_device(const char* op, std::initializer_list<Tensor> tensors);
 // Throws Error for ops that have no kernel on this device yet.
 void require_cpu(const char* op, Device device);
 
+// Throws Error unless this build has op's kernels for device: CPU devices always, CUDA
+// devices in builds with the CUDA backend (ops/cuda/). Ops with both kinds call this.
+void require_device(const char* op, Device device);
+
 // Throws Error unless the dtype is f32 or f64 (the compute dtypes).
 void require_float(const char* op, const Tensor& t);
 

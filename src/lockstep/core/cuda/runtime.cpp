@@ -1,0 +1,117 @@
+#include "lockstep/core/cuda/runtime.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::cuda {
+
+void check(cudaError_t rc, const char* call) {
+  if (rc == cudaSuccess) return;
+  cudaGetLastError();  // clears the error unless it is sticky
+  LOCKSTEP_FAIL() << "CUDA: " << call << " failed: " << cudaGetErrorName(rc) << ": " << cudaGetErrorString(rc);
+}
+
+bool built() { return true; }
+
+int devices_per_gpu() {
+  static const int per_gpu = [] {
+    const char* text = std::getenv("LOCKSTEP_CUDA_DEVICES_PER_GPU");
+    if (text == nullptr || *text == '\0') return 1;
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    LOCKSTEP_CHECK(*end == '\0' && value >= 1 && value <= 64)
+        << "LOCKSTEP_CUDA_DEVICES_PER_GPU=" << text << " is not a count from 1 to 64";
+    return static_cast<int>(value);
+  }();
+  return per_gpu;
+}
+
+namespace {
+
+int gpu_count() {
+  static const int count = [] {
+    int n = 0;
+    // No driver, no GPU or a broken install all mean: no CUDA devices here.
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+}  // namespace
+
+int device_count() { return gpu_count() * devices_per_gpu(); }
+
+int physical_device(Device device) {
+  LOCKSTEP_CHECK(device.is_cuda()) << device << " is not a CUDA device";
+  const int count = device_count();
+  LOCKSTEP_CHECK(device.index() >= 0 && device.index() < count)
+      << "device " << device << " does not exist: "
+      << (count == 0 ? std::string("no GPU is visible to this process (check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+                     : "this process sees cuda:0 to cuda:" + std::to_string(count - 1));
+  return device.index() / devices_per_gpu();
+}
+
+cudaStream_t stream(Device device) {
+  static std::mutex mutex;
+  static auto* streams = new std::vector<cudaStream_t>();  // never freed: tensors outlive statics
+  const int physical = physical_device(device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (streams->empty()) streams->resize(static_cast<size_t>(device_count()), nullptr);
+  cudaStream_t& s = (*streams)[static_cast<size_t>(device.index())];
+  if (s == nullptr) {
+    int previous = 0;
+    LOCKSTEP_CUDA_CHECK(cudaGetDevice(&previous));
+    LOCKSTEP_CUDA_CHECK(cudaSetDevice(physical));
+    const cudaError_t rc = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaSetDevice(previous);
+    LOCKSTEP_CUDA_CHECK(rc);
+  }
+  return s;
+}
+
+DeviceScope::DeviceScope(Device device) {
+  const int physical = physical_device(device);
+  LOCKSTEP_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ == physical) {
+    previous_ = -1;
+  } else {
+    LOCKSTEP_CUDA_CHECK(cudaSetDevice(physical));
+  }
+}
+
+DeviceScope::~DeviceScope() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+void stream_wait(cudaStream_t waiting, cudaStream_t producer) {
+  if (waiting == producer) return;
+  cudaEvent_t event = nullptr;
+  LOCKSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(event, producer);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(waiting, event, 0) : recorded;
+  cudaEventDestroy(event);  // released once the wait has happened
+  LOCKSTEP_CUDA_CHECK(waited);
+}
+
+void synchronize(Device device) {
+  const cudaStream_t s = stream(device);
+  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+namespace {
+std::atomic<bool> tf32{false};
+}  // namespace
+
+void set_allow_tf32(bool allow) { tf32.store(allow); }
+bool allow_tf32() { return tf32.load(); }
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,41 @@
+// CUDA devices as the rest of the library sees them, without CUDA headers: how many there
+// are, which GPU a logical device runs on, waiting for one, and the TF32 switch. In a build
+// without the CUDA backend there are none, and asking for one is an error that says so.
+//
+// Logical devices: cuda:N is GPU N of the visible ones (CUDA_VISIBLE_DEVICES applies), or,
+// with LOCKSTEP_CUDA_DEVICES_PER_GPU=K, GPU N / K: K logical devices share each GPU, each
+// with its own stream and memory accounting, so multi-device code runs on a one-GPU machine.
+#pragma once
+
+#include <cstddef>
+
+#include "lockstep/core/allocator.h"
+#include "lockstep/core/device.h"
+
+namespace lockstep::cuda {
+
+// Whether this build has the CUDA backend.
+bool built();
+// Logical CUDA devices: visible GPUs x devices per GPU; 0 without the backend, a driver or
+// a GPU (never throws).
+int device_count();
+int devices_per_gpu();
+// The CUDA runtime's index of the GPU that logical device cuda:N runs on; throws Error
+// naming the visible devices when N is out of range.
+int physical_device(Device device);
+// Waits until all work queued on the device's stream has run; throws on a CUDA error.
+void synchronize(Device device);
+
+// TF32 tensor cores for f32 GEMMs: off by default, so f32 results match the CPU's to f32
+// rounding; on, GEMMs run several times faster with a 10-bit mantissa for the products.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// The caching allocator behind device_alloc for cuda devices (core/cuda/caching_allocator).
+void* allocate(Device device, size_t bytes);
+void release(Device device, void* ptr, size_t bytes);
+MemoryStats memory_stats(Device device);
+void reset_peak_memory_stats(Device device);
+void empty_cache(Device device);
+
+}  // namespace lockstep::cuda

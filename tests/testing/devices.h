@@ -1,0 +1,44 @@
+// Tests parameterized by device: each case runs on cpu:0 and on cuda:0. Without a GPU (or
+// in a build without the CUDA backend) the CUDA cases are reported as skipped, with the
+// reason, never silently passed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "lockstep/core/cuda_device.h"
+#include "lockstep/core/tensor.h"
+
+namespace lockstep::testing {
+
+inline std::vector<Device> test_devices() { return {Device::cpu(0), Device(DeviceType::cuda, 0)}; }
+
+// "cpu" / "cuda", for INSTANTIATE_TEST_SUITE_P's name generator.
+inline std::string device_case_name(const ::testing::TestParamInfo<Device>& info) {
+  return info.param.is_cpu() ? "cpu" : "cuda";
+}
+
+// Why a test on device cannot run here, or "" when it can.
+inline std::string missing_device(Device device, int count = 1) {
+  if (!device.is_cuda()) return "";
+  if (!cuda::built()) return "this build has no CUDA backend";
+  if (cuda::device_count() < count)
+    return "needs " + std::to_string(count) + " CUDA device(s), this machine has " +
+           std::to_string(cuda::device_count());
+  return "";
+}
+
+}  // namespace lockstep::testing
+
+// Skips the current test unless `device` (and, for cuda, that many devices) is available.
+#define LOCKSTEP_SKIP_UNLESS_DEVICE(device, ...)                                                  \
+  do {                                                                                            \
+    const std::string lockstep_missing = ::lockstep::testing::missing_device(device, ##__VA_ARGS__); \
+    if (!lockstep_missing.empty()) GTEST_SKIP() << lockstep_missing;                              \
+  } while (0)
+
+// For INSTANTIATE_TEST_SUITE_P(Devices, Suite, LOCKSTEP_TEST_DEVICES).
+#define LOCKSTEP_TEST_DEVICES \
+  ::testing::ValuesIn(::lockstep::testing::test_devices()), ::lockstep::testing::device_case_name
