@@ -35,7 +35,7 @@ inline std::string missing_device(Device device, int count = 1) {
 // Skips the current test unless `device` (and, for cuda, that many devices) is available.
 #define LOCKSTEP_SKIP_UNLESS_DEVICE(device, ...)                                                  \
   do {                                                                                            \
-    const std::string lockstep_missing = ::lockstep::testing::missing_device(device, ##__VA_ARGS__); \
+    const std::string lockstep_missing = ::lockstep::testing::missing_device(device __VA_OPT__(, ) __VA_ARGS__); \
     if (!lockstep_missing.empty()) GTEST_SKIP() << lockstep_missing;                              \
   } while (0)
 
