@@ -1,6 +1,7 @@
 // Dropout masks from Philox: element j of global sample s uses word j % 4 of the block at
 // counter (s << 32) | (j / 4), so a sample's mask is a function of (seed, stream, s, j) only.
-// The mask is kept (one byte per element) for backward rather than drawn again.
+// The mask is kept (one byte per element) for backward rather than drawn again. GPUs draw
+// the same words (ops/cuda/random_kernels), so a mask is the same on every device.
 #include "lockstep/ops/dropout.h"
 
 #include <cmath>
@@ -9,6 +10,11 @@
 #include "lockstep/core/parallel.h"
 #include "lockstep/core/philox.h"
 #include "lockstep/ops/dispatch.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/ops/cuda/random_kernels.h"
+#endif
 
 namespace lockstep {
 namespace {
@@ -46,11 +52,14 @@ void philox_lanes(uint64_t seed, uint64_t stream, uint64_t first, uint32_t (&out
   }
 }
 
-// 1 where the element is kept: uint_to_unit_float(word) >= p, compared in integers as
-// (word >> 8) >= ceil(p · 2^24), which is the same test. Each sample is drawn on its own, so
-// the split across threads cannot change the result.
+// An element is kept when uint_to_unit_float(word) >= p, compared in integers as
+// (word >> 8) >= ceil(p · 2^24), which is the same test.
+uint32_t keep_threshold(double p) { return static_cast<uint32_t>(std::ceil(p * 16777216.0)); }
+
+// 1 where the element is kept. Each sample is drawn on its own, so the split across threads
+// cannot change the result.
 void draw_mask(const DropoutKey& key, double p, int64_t samples, int64_t per_sample, uint8_t* mask) {
-  const uint32_t threshold = static_cast<uint32_t>(std::ceil(p * 16777216.0));
+  const uint32_t threshold = keep_threshold(p);
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(per_sample, 1));
   parallel_for(samples, grain, [&](int64_t begin, int64_t end) {
     // Locals, not captures: the byte stores below may alias anything reached by reference,
@@ -76,6 +85,14 @@ Tensor apply_mask(const Tensor& in, const Tensor& mask, double scale) {
   const Tensor src = in.contiguous();
   Tensor out = Tensor::empty(in.shape(), in.dtype(), in.device());
   ops::dispatch_float("dropout", in.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (in.device().is_cuda()) {
+      const lockstep::cuda::OnDevice on(in.device());
+      ops::cuda::dropout_apply<T>(src.data_ptr<T>(), mask.data_ptr<uint8_t>(), src.numel(), static_cast<T>(scale),
+                                  out.data_ptr<T>(), on.stream());
+      return;
+    }
+#endif
     const T* x = src.data<T>();
     const uint8_t* m = mask.data<uint8_t>();
     T* y = out.data<T>();
@@ -102,7 +119,7 @@ uint64_t dropout_stream(uint64_t layer, uint64_t step) {
 Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) {
   LOCKSTEP_CHECK(p >= 0 && p < 1) << "dropout: p must be in [0, 1), got " << p;
   if (!training || p == 0) return x;
-  ops::require_cpu("dropout", x.device());
+  ops::require_device("dropout", ops::common_device("dropout", {x}));
   ops::require_float("dropout", x);
   LOCKSTEP_CHECK(x.dim() >= 1) << "dropout: input needs a sample axis (axis 0), got a scalar";
   LOCKSTEP_CHECK(key.first_sample >= 0) << "dropout: first_sample must be non-negative, got " << key.first_sample;
@@ -113,9 +130,25 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) 
   LOCKSTEP_CHECK(per_sample / 4 < (int64_t{1} << 32))
       << "dropout: " << per_sample << " elements per sample is more than 2^34";
   const Tensor mask = Tensor::empty(x.shape(), DType::u8, x.device());
-  draw_mask(key, p, samples, per_sample, mask.data<uint8_t>());
   const double scale = 1.0 / (1.0 - p);
-  Tensor out = apply_mask(x, mask, scale);
+  Tensor out;
+#if LOCKSTEP_HAVE_CUDA
+  if (x.device().is_cuda()) {
+    // The mask and the output in one pass, each Philox block drawn once.
+    const Tensor src = x.contiguous();
+    out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    ops::dispatch_float("dropout", x.dtype(), [&]<typename T>() {
+      const lockstep::cuda::OnDevice on(x.device());
+      ops::cuda::dropout_forward<T>(src.data_ptr<T>(), samples, per_sample, key.seed, key.stream, key.first_sample,
+                                    keep_threshold(p), static_cast<T>(scale), mask.data_ptr<uint8_t>(),
+                                    out.data_ptr<T>(), on.stream());
+    });
+  }
+#endif
+  if (!out.defined()) {
+    draw_mask(key, p, samples, per_sample, mask.data<uint8_t>());
+    out = apply_mask(x, mask, scale);
+  }
   autograd::record("DropoutBackward", {x}, {out}, [mask, scale](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{apply_mask(g[0], mask, scale)};
   });

@@ -1,5 +1,6 @@
-// Elementwise ops: argument checks, the CPU kernels of ops/cpu/elementwise, and backward
-// functions. A broadcast operand's gradient is summed back to its shape with sum_to.
+// Elementwise ops: argument checks, the kernels of ops/cpu/elementwise (and, on GPUs,
+// ops/cuda/elementwise_kernels), and backward functions. A broadcast operand's gradient is
+// summed back to its shape with sum_to.
 #include "lockstep/ops/elementwise.h"
 
 #include "lockstep/autograd/node.h"
@@ -7,14 +8,39 @@
 #include "lockstep/ops/dispatch.h"
 #include "lockstep/ops/reduce.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/ops/cuda/elementwise_kernels.h"
+#endif
+
 namespace lockstep {
 namespace {
+
+#if LOCKSTEP_HAVE_CUDA
+ops::cuda::ShapeRef shape_ref(const Shape& shape) { return {shape.data(), static_cast<int>(shape.size())}; }
+
+// The kernels' enums repeat the CPU's in the same order, so a cast maps one onto the other.
+static_assert(static_cast<int>(ops::cuda::BinaryOp::add) == static_cast<int>(cpu::BinaryOp::add) &&
+              static_cast<int>(ops::cuda::BinaryOp::sub) == static_cast<int>(cpu::BinaryOp::sub) &&
+              static_cast<int>(ops::cuda::BinaryOp::mul) == static_cast<int>(cpu::BinaryOp::mul) &&
+              static_cast<int>(ops::cuda::BinaryOp::div) == static_cast<int>(cpu::BinaryOp::div));
+static_assert(static_cast<int>(ops::cuda::UnaryOp::relu) == static_cast<int>(cpu::UnaryOp::relu) &&
+              static_cast<int>(ops::cuda::UnaryOp::gelu) == static_cast<int>(cpu::UnaryOp::gelu) &&
+              static_cast<int>(ops::cuda::UnaryOp::tanh) == static_cast<int>(cpu::UnaryOp::tanh) &&
+              static_cast<int>(ops::cuda::UnaryOp::exp) == static_cast<int>(cpu::UnaryOp::exp) &&
+              static_cast<int>(ops::cuda::UnaryOp::log) == static_cast<int>(cpu::UnaryOp::log) &&
+              static_cast<int>(ops::cuda::UnaryOp::sqrt) == static_cast<int>(cpu::UnaryOp::sqrt) &&
+              static_cast<int>(ops::cuda::UnaryOp::square) == static_cast<int>(cpu::UnaryOp::square));
+
+ops::cuda::BinaryOp cuda_op(cpu::BinaryOp op) { return static_cast<ops::cuda::BinaryOp>(op); }
+ops::cuda::UnaryOp cuda_op(cpu::UnaryOp op) { return static_cast<ops::cuda::UnaryOp>(op); }
+#endif
 
 // Checks two operands of a binary op (device, dtype, broadcastable shapes) and returns the
 // output shape.
 Shape check_binary(const char* op, const Tensor& a, const Tensor& b) {
   const Device device = ops::common_device(op, {a, b});
-  ops::require_cpu(op, device);
+  ops::require_device(op, device);
   LOCKSTEP_CHECK(a.dtype() == b.dtype()) << op << ": dtypes differ (" << dtype_name(a.dtype()) << " and "
                                          << dtype_name(b.dtype())
                                          << "); convert one with .to(DType::" << dtype_name(a.dtype()) << ")";
@@ -34,6 +60,14 @@ Shape check_binary(const char* op, const Tensor& a, const Tensor& b) {
 
 Tensor binary_forward(const char* op, cpu::BinaryOp kind, const Tensor& a, const Tensor& b, const Tensor& out) {
   ops::dispatch_float(op, a.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (out.device().is_cuda()) {
+      const lockstep::cuda::OnDevice on(out.device());
+      ops::cuda::binary<T>(cuda_op(kind), a.data_ptr<T>(), shape_ref(a.shape()), b.data_ptr<T>(), shape_ref(b.shape()),
+                           out.data_ptr<T>(), shape_ref(out.shape()), on.stream());
+      return;
+    }
+#endif
     cpu::binary<T>(kind, a.data<T>(), a.shape(), b.data<T>(), b.shape(), out.data<T>(), out.shape());
   });
   return out;
@@ -86,11 +120,19 @@ Tensor binary_op(const char* op, cpu::BinaryOp kind, const Tensor& a, const Tens
 // out = alpha * x + beta, whose gradient is alpha * grad.
 Tensor affine_op(const char* op, const char* backward_name, const Tensor& x, double alpha, double beta) {
   const Device device = ops::common_device(op, {x});
-  ops::require_cpu(op, device);
+  ops::require_device(op, device);
   ops::require_float(op, x);
   const Tensor xc = x.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
   ops::dispatch_float(op, x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (device.is_cuda()) {
+      const lockstep::cuda::OnDevice on(device);
+      ops::cuda::affine<T>(xc.data_ptr<T>(), static_cast<T>(alpha), static_cast<T>(beta), out.data_ptr<T>(), xc.numel(),
+                           on.stream());
+      return;
+    }
+#endif
     cpu::affine<T>(xc.data<T>(), static_cast<T>(alpha), static_cast<T>(beta), out.data<T>(), xc.numel());
   });
   autograd::record(backward_name, {xc}, {out}, [alpha](const std::vector<Tensor>& g) {
@@ -101,18 +143,34 @@ Tensor affine_op(const char* op, const char* backward_name, const Tensor& x, dou
 
 Tensor unary_op(const char* op, const char* backward_name, cpu::UnaryOp kind, const Tensor& x) {
   const Device device = ops::common_device(op, {x});
-  ops::require_cpu(op, device);
+  ops::require_device(op, device);
   ops::require_float(op, x);
   const Tensor xc = x.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
-  ops::dispatch_float(op, x.dtype(),
-                      [&]<typename T>() { cpu::unary<T>(kind, xc.data<T>(), out.data<T>(), xc.numel()); });
+  ops::dispatch_float(op, x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (device.is_cuda()) {
+      const lockstep::cuda::OnDevice on(device);
+      ops::cuda::unary<T>(cuda_op(kind), xc.data_ptr<T>(), out.data_ptr<T>(), xc.numel(), on.stream());
+      return;
+    }
+#endif
+    cpu::unary<T>(kind, xc.data<T>(), out.data<T>(), xc.numel());
+  });
   if (!autograd::needs_grad({xc})) return out;
   const Tensor saved = cpu::backward_uses_output(kind) ? out.detach() : xc.detach();
   autograd::record(backward_name, {xc}, {out}, [op, kind, saved](const std::vector<Tensor>& g) {
     const Tensor grad = g[0].contiguous();
     Tensor grad_x = Tensor::empty(saved.shape(), saved.dtype(), saved.device());
     ops::dispatch_float(op, saved.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+      if (saved.device().is_cuda()) {
+        const lockstep::cuda::OnDevice on(saved.device());
+        ops::cuda::unary_backward<T>(cuda_op(kind), grad.data_ptr<T>(), saved.data_ptr<T>(), grad_x.data_ptr<T>(),
+                                     saved.numel(), on.stream());
+        return;
+      }
+#endif
       cpu::unary_backward<T>(kind, grad.data<T>(), saved.data<T>(), grad_x.data<T>(), saved.numel());
     });
     return std::vector<Tensor>{grad_x};

@@ -5,6 +5,10 @@
 #include "lockstep/ops/dispatch.h"
 #include "lockstep/ops/reduce.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/ops/cuda/gemm.h"
+#endif
+
 namespace lockstep {
 namespace {
 
@@ -37,6 +41,14 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, double beta)
   const BlasMatrix A = as_blas(a), B = as_blas(b);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   ops::dispatch_float("matmul", a.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (out.device().is_cuda()) {
+      ops::cuda::gemm<T>(A.transposed, B.transposed, m, n, k, T(1), A.holder.data_ptr<T>(), A.ld,
+                         B.holder.data_ptr<T>(), B.ld, static_cast<T>(beta), out.data_ptr<T>(), std::max<int64_t>(n, 1),
+                         out.device());
+      return;
+    }
+#endif
     cpu::gemm<T>(A.transposed, B.transposed, m, n, k, T(1), A.holder.data<T>(), A.ld, B.holder.data<T>(), B.ld,
                  static_cast<T>(beta), out.data<T>(), std::max<int64_t>(n, 1));
   });
@@ -49,17 +61,86 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// Entry i of a [B, r, c] batch as a 2-D view (a 2-D matrix is every batch entry).
+Tensor batch_entry(const Tensor& t, int64_t i) {
+  if (t.dim() == 2) return t;
+  return t.as_strided({t.size(1), t.size(2)}, {t.strides()[1], t.strides()[2]}, t.offset() + i * t.strides()[0]);
+}
+
+#if LOCKSTEP_HAVE_CUDA
+// A [B, r, c] batch as one operand of a strided-batched GEMM: each entry's BLAS layout (as
+// as_blas) and the distance between entries. Copied to contiguous when the entries are not
+// BLAS matrices, or when they all share one matrix (batch stride 0, from expand), which
+// cuBLAS's strided batches are not documented to accept.
+struct BlasBatch {
+  Tensor holder;
+  bool transposed = false;
+  int64_t ld = 0, stride = 0;
+};
+
+BlasBatch as_blas_batch(const Tensor& t) {
+  const int64_t rows = t.size(1), cols = t.size(2);
+  const int64_t s0 = t.strides()[0], s1 = t.strides()[1], s2 = t.strides()[2];
+  if (s0 > 0) {
+    if ((s2 == 1 || cols == 1) && s1 >= std::max<int64_t>(cols, 1)) return {t, false, s1, s0};
+    if ((s1 == 1 || rows == 1) && s2 >= std::max<int64_t>(rows, 1)) return {t, true, s2, s0};
+  }
+  Tensor dense = Tensor::empty(t.shape(), t.dtype(), t.device());
+  dense.copy_from(t);
+  return {dense, false, std::max<int64_t>(cols, 1), std::max<int64_t>(rows * cols, 1)};
+}
+
+// [B, m, k] as one [B·m, k] matrix: a view when the rows of all entries are evenly spaced,
+// else a contiguous copy.
+Tensor fold_batch(const Tensor& a) {
+  const int64_t batch = a.size(0), m = a.size(1), k = a.size(2);
+  const int64_t s0 = a.strides()[0], s1 = a.strides()[1], s2 = a.strides()[2];
+  if (m == 1) return a.as_strided({batch, k}, {s0, s2}, a.offset());
+  if (batch == 1 || s0 == m * s1) return a.as_strided({batch * m, k}, {s1, s2}, a.offset());
+  Tensor dense = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dense.copy_from(a);
+  return dense.as_strided({batch * m, k}, {k, 1}, 0);
+}
+
+// out[B, m, n] (contiguous) = a @ b on a GPU in one cuBLAS call: a strided batch, or, when b
+// is one matrix for every entry, a single [B·m, k] @ [k, n] product.
+void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(-1);
+  if (out.numel() == 0) return;
+  if (k == 0) {
+    out.zero();
+    return;
+  }
+  if (b.dim() == 2) {
+    gemm_into(fold_batch(a), b, out.as_strided({batch * m, n}, {n, 1}, out.offset()), 0.0);
+    return;
+  }
+  if (batch == 1) {
+    gemm_into(batch_entry(a, 0), batch_entry(b, 0), batch_entry(out, 0), 0.0);
+    return;
+  }
+  const BlasBatch A = as_blas_batch(a), B = as_blas_batch(b);
+  ops::dispatch_float("matmul", a.dtype(), [&]<typename T>() {
+    ops::cuda::gemm_strided_batched<T>(A.transposed, B.transposed, m, n, k, T(1), A.holder.data_ptr<T>(), A.ld,
+                                       A.stride, B.holder.data_ptr<T>(), B.ld, B.stride, T(0), out.data_ptr<T>(), n,
+                                       m * n, batch, out.device());
+  });
+}
+#endif
+
 // Batched product without autograd: [B, m, k] @ [B, k, n] (either may be a 2-D matrix shared
 // by every batch entry).
 Tensor bmm(const Tensor& a, const Tensor& b) {
   const int64_t batch = a.dim() == 3 ? a.size(0) : b.size(0);
   const int64_t m = a.size(-2), n = b.size(-1);
   Tensor out = Tensor::empty({batch, m, n}, a.dtype(), a.device());
-  auto entry = [](const Tensor& t, int64_t i) {
-    if (t.dim() == 2) return t;
-    return t.as_strided({t.size(1), t.size(2)}, {t.strides()[1], t.strides()[2]}, t.offset() + i * t.strides()[0]);
-  };
-  for (int64_t i = 0; i < batch; ++i) gemm_into(entry(a, i), entry(b, i), entry(out, i), 0.0);
+#if LOCKSTEP_HAVE_CUDA
+  if (out.device().is_cuda()) {
+    bmm_cuda(a, b, out);
+    return out;
+  }
+#endif
+  for (int64_t i = 0; i < batch; ++i) gemm_into(batch_entry(a, i), batch_entry(b, i), batch_entry(out, i), 0.0);
   return out;
 }
 
@@ -73,7 +154,7 @@ Tensor transpose_last(const Tensor& t) {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   const Device device = ops::common_device("matmul", {a, b});
-  ops::require_cpu("matmul", device);
+  ops::require_device("matmul", device);
   ops::require_float("matmul", a);
   LOCKSTEP_CHECK(a.dtype() == b.dtype()) << "matmul: dtypes differ (" << dtype_name(a.dtype()) << " and "
                                          << dtype_name(b.dtype()) << ")";
@@ -110,7 +191,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Device device = ops::common_device("linear", {x, weight, bias});
-  ops::require_cpu("linear", device);
+  ops::require_device("linear", device);
   ops::require_float("linear", x);
   LOCKSTEP_CHECK(weight.dim() == 2) << "linear: weight must be [out, in], got " << shape_str(weight.shape());
   LOCKSTEP_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1))

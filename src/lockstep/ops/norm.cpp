@@ -1,8 +1,10 @@
 // Layer normalization with a fused backward: per-row mean and 1/std are kept from forward
-// (in f64), and the input gradient comes from the two row sums of the closed form
+// (in f64, on the input's device), and the input gradient comes from the two row sums of the
+// closed form
 //   dx = rstd · (dx̂ - mean(dx̂) - x̂ · mean(dx̂ · x̂)),  dx̂ = dy · weight.
 // The weight and bias gradients sum over rows in row order for each column, with threads
-// splitting the columns, so they do not depend on the thread count.
+// splitting the columns, so they do not depend on the thread count. On a GPU the kernels of
+// ops/cuda/norm_kernels do the same with fixed reduction trees.
 #include "lockstep/ops/norm.h"
 
 #include <cmath>
@@ -11,6 +13,11 @@
 #include "lockstep/autograd/node.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/dispatch.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/ops/cuda/norm_kernels.h"
+#endif
 
 namespace lockstep {
 namespace {
@@ -102,12 +109,48 @@ void layer_norm_backward(const T* x, const T* w, const T* dy, const RowStats& st
   });
 }
 
+#if LOCKSTEP_HAVE_CUDA
+template <typename T>
+T* device_data_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+template <typename T>
+RowStats layer_norm_forward_cuda(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, int64_t rows,
+                                 int64_t dim, double eps) {
+  const Device device = x.device();
+  RowStats stats{Tensor::empty({rows}, DType::f64, device), Tensor::empty({rows}, DType::f64, device)};
+  lockstep::cuda::OnDevice on(device);
+  ops::cuda::layer_norm_forward<T>(x.data_ptr<T>(), device_data_or_null<T>(w), device_data_or_null<T>(b),
+                                   y.data_ptr<T>(), stats.mean.data_ptr<double>(), stats.rstd.data_ptr<double>(), rows,
+                                   dim, eps, on.stream());
+  return stats;
+}
+
+// Undefined dx, dw or db are not needed.
+template <typename T>
+void layer_norm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& dy, const RowStats& stats,
+                              const Tensor& dx, const Tensor& dw, const Tensor& db, int64_t rows, int64_t dim) {
+  lockstep::cuda::OnDevice on(x.device());
+  if (dx.defined()) {
+    ops::cuda::layer_norm_backward_input<T>(x.data_ptr<T>(), device_data_or_null<T>(w), dy.data_ptr<T>(),
+                                            stats.mean.data_ptr<double>(), stats.rstd.data_ptr<double>(),
+                                            dx.data_ptr<T>(), rows, dim, on.stream());
+  }
+  if (!dw.defined() && !db.defined()) return;
+  const Tensor scratch = Tensor::empty({ops::cuda::layer_norm_params_scratch(rows, dim)}, DType::f64, x.device());
+  ops::cuda::layer_norm_backward_params<T>(
+      x.data_ptr<T>(), dy.data_ptr<T>(), stats.mean.data_ptr<double>(), stats.rstd.data_ptr<double>(),
+      device_data_or_null<T>(dw), device_data_or_null<T>(db), scratch.data_ptr<double>(), rows, dim, on.stream());
+}
+#endif
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
   const Device device = ops::common_device("layer_norm", {x, weight, bias});
-  ops::require_cpu("layer_norm", device);
+  ops::require_device("layer_norm", device);
   ops::require_float("layer_norm", x);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   bool match = k >= 1 && k <= x.dim();
@@ -130,6 +173,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
   RowStats stats;
   ops::dispatch_float("layer_norm", x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (device.is_cuda()) {
+      stats = layer_norm_forward_cuda<T>(xc, wc, bc, out, rows, dim, eps);
+      return;
+    }
+#endif
     stats = layer_norm_forward<T>(xc.data<T>(), data_or_null<T>(wc), data_or_null<T>(bc), out.data<T>(), rows, dim, eps,
                                   device);
   });
@@ -144,6 +193,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                      if (need_w) grad_w = Tensor::empty(shape, x.dtype(), x.device());
                      if (need_b) grad_b = Tensor::empty(shape, x.dtype(), x.device());
                      ops::dispatch_float("layer_norm", x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+                       if (x.device().is_cuda()) {
+                         layer_norm_backward_cuda<T>(x, w, grad, stats, grad_x, grad_w, grad_b, rows, dim);
+                         return;
+                       }
+#endif
                        layer_norm_backward<T>(x.data<T>(), data_or_null<T>(w), grad.data<T>(), stats,
                                               need_x ? grad_x.data<T>() : nullptr, need_w ? grad_w.data<T>() : nullptr,
                                               need_b ? grad_b.data<T>() : nullptr, rows, dim);

@@ -1,10 +1,16 @@
 // max_pool2d and avg_pool2d over [N, C, H, W] (or [C, H, W]): each H x W plane is pooled
-// on its own, in parallel over planes.
+// on its own, in parallel over planes (ops/cpu/pool on CPU devices, ops/cuda/pool_kernels on
+// CUDA devices, with the same winners and argmax indices).
 #include "lockstep/ops/cpu/pool.h"
 
 #include "lockstep/autograd/node.h"
 #include "lockstep/ops/conv.h"
 #include "lockstep/ops/dispatch.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/ops/cuda/pool_kernels.h"
+#endif
 
 namespace lockstep {
 namespace {
@@ -18,7 +24,7 @@ struct PoolSetup {
 
 PoolSetup setup_pool(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   const Device device = ops::common_device(op, {x});
-  ops::require_cpu(op, device);
+  ops::require_device(op, device);
   ops::require_float(op, x);
   LOCKSTEP_CHECK(x.dim() == 4 || x.dim() == 3)
       << op << ": input must be [N, C, H, W] or [C, H, W], got shape " << shape_str(x.shape());
@@ -48,6 +54,14 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   Tensor out = Tensor::empty(s.out_shape, x.dtype(), x.device());
   const Tensor argmax = Tensor::empty(s.out_shape, DType::i32, x.device());
   ops::dispatch_float("max_pool2d", x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (x.device().is_cuda()) {
+      cuda::OnDevice on(x.device());
+      ops::cuda::max_pool2d_forward<T>(s.input.data_ptr<T>(), s.planes, s.win, out.data_ptr<T>(),
+                                       argmax.data_ptr<int32_t>(), on.stream());
+      return;
+    }
+#endif
     cpu::max_pool2d_forward<T>(s.input.data<T>(), s.planes, s.win, out.data<T>(), argmax.data<int32_t>());
   });
   autograd::record("MaxPool2dBackward", {s.input}, {out},
@@ -55,6 +69,14 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
                      const Tensor grad = g[0].contiguous();
                      Tensor grad_x = Tensor::empty(in_shape, grad.dtype(), grad.device());
                      ops::dispatch_float("max_pool2d", grad.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+                       if (grad.device().is_cuda()) {
+                         cuda::OnDevice on(grad.device());
+                         ops::cuda::max_pool2d_backward<T>(grad.data_ptr<T>(), argmax.data_ptr<int32_t>(), planes, win,
+                                                           grad_x.data_ptr<T>(), on.stream());
+                         return;
+                       }
+#endif
                        cpu::max_pool2d_backward<T>(grad.data<T>(), argmax.data<int32_t>(), planes, win,
                                                    grad_x.data<T>());
                      });
@@ -67,6 +89,13 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   const PoolSetup s = setup_pool("avg_pool2d", x, kernel, stride, padding);
   Tensor out = Tensor::empty(s.out_shape, x.dtype(), x.device());
   ops::dispatch_float("avg_pool2d", x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (x.device().is_cuda()) {
+      cuda::OnDevice on(x.device());
+      ops::cuda::avg_pool2d_forward<T>(s.input.data_ptr<T>(), s.planes, s.win, out.data_ptr<T>(), on.stream());
+      return;
+    }
+#endif
     cpu::avg_pool2d_forward<T>(s.input.data<T>(), s.planes, s.win, out.data<T>());
   });
   autograd::record("AvgPool2dBackward", {s.input}, {out},
@@ -74,6 +103,14 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
                      const Tensor grad = g[0].contiguous();
                      Tensor grad_x = Tensor::empty(in_shape, grad.dtype(), grad.device());
                      ops::dispatch_float("avg_pool2d", grad.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+                       if (grad.device().is_cuda()) {
+                         cuda::OnDevice on(grad.device());
+                         ops::cuda::avg_pool2d_backward<T>(grad.data_ptr<T>(), planes, win, grad_x.data_ptr<T>(),
+                                                           on.stream());
+                         return;
+                       }
+#endif
                        cpu::avg_pool2d_backward<T>(grad.data<T>(), planes, win, grad_x.data<T>());
                      });
                      return std::vector<Tensor>{grad_x};

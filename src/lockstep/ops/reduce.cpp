@@ -1,7 +1,9 @@
-// Reductions: argument checks, the CPU kernels of ops/cpu/reduce, and backward functions
-// (a sum's gradient is its incoming gradient broadcast back over the reduced axes).
+// Reductions: argument checks, the kernels of ops/cpu/reduce (and, on GPUs,
+// ops/cuda/reduce_kernels), and backward functions (a sum's gradient is its incoming
+// gradient broadcast back over the reduced axes).
 #include "lockstep/ops/reduce.h"
 
+#include <algorithm>
 #include <string>
 
 #include "lockstep/autograd/node.h"
@@ -9,13 +11,70 @@
 #include "lockstep/ops/cpu/reduce.h"
 #include "lockstep/ops/dispatch.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/ops/cuda/elementwise_kernels.h"
+#include "lockstep/ops/cuda/reduce_kernels.h"
+#endif
+
 namespace lockstep {
 namespace {
 
 void check_input(const char* op, const Tensor& x) {
-  ops::require_cpu(op, ops::common_device(op, {x}));
+  ops::require_device(op, ops::common_device(op, {x}));
   ops::require_float(op, x);
 }
+
+#if LOCKSTEP_HAVE_CUDA
+ops::cuda::ShapeRef shape_ref(const Shape& shape) { return {shape.data(), static_cast<int>(shape.size())}; }
+
+// cpu::sum_axes on a GPU, with the same plan: neighbouring axes of the same kind merged
+// (size-1 axes are neither), then one sum_middle pass per reduced group, last group first,
+// through scratch tensors on the device. x is contiguous; out receives the kept axes.
+template <typename T>
+void cuda_sum_axes(const Tensor& x, const std::vector<bool>& reduce, const Tensor& out) {
+  std::vector<int64_t> sizes;
+  std::vector<bool> reduced;
+  for (size_t a = 0; a < x.shape().size(); ++a) {
+    const int64_t size = x.shape()[a];
+    if (size == 1) continue;
+    if (!sizes.empty() && reduced.back() == reduce[a]) {
+      sizes.back() *= size;
+    } else {
+      sizes.push_back(size);
+      reduced.push_back(reduce[a]);
+    }
+  }
+  int64_t groups = std::count(reduced.begin(), reduced.end(), true);
+  if (groups == 0) {
+    out.copy_from(x.as_strided(out.shape(), contiguous_strides(out.shape()), x.offset()));
+    return;
+  }
+  const lockstep::cuda::OnDevice on(x.device());
+  Tensor src = x;
+  for (; groups > 0; --groups) {
+    size_t g = reduced.size();
+    while (!reduced[--g]) {
+    }
+    int64_t outer = 1, inner = 1;
+    for (size_t i = 0; i < g; ++i) outer *= sizes[i];
+    for (size_t i = g + 1; i < sizes.size(); ++i) inner *= sizes[i];
+    const Tensor dst = groups > 1 ? Tensor::empty({outer * inner}, x.dtype(), x.device()) : out;
+    const int64_t scratch = ops::cuda::sum_middle_workspace(outer, sizes[g], inner);
+    const Tensor workspace = scratch > 0 ? Tensor::empty({scratch}, x.dtype(), x.device()) : Tensor();
+    ops::cuda::sum_middle<T>(src.data_ptr<T>(), outer, sizes[g], inner, dst.data_ptr<T>(),
+                             scratch > 0 ? workspace.data_ptr<T>() : nullptr, on.stream());
+    src = dst;
+    sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(g));
+    reduced.erase(reduced.begin() + static_cast<std::ptrdiff_t>(g));
+    if (g > 0 && g < sizes.size()) {  // the kept neighbours now touch
+      sizes[g - 1] *= sizes[g];
+      sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(g));
+      reduced.erase(reduced.begin() + static_cast<std::ptrdiff_t>(g));
+    }
+  }
+}
+#endif
 
 int64_t checked_axis(const char* op, int64_t axis, const Tensor& x) {
   const int64_t rank = x.dim();
@@ -53,6 +112,16 @@ Tensor reduce_sum(const char* op, const char* backward_name, const Tensor& x, co
   }
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   ops::dispatch_float(op, x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (x.device().is_cuda()) {
+      cuda_sum_axes<T>(xc, mask, out);
+      if (mean) {
+        const lockstep::cuda::OnDevice on(x.device());
+        ops::cuda::divide<T>(out.data_ptr<T>(), out.numel(), static_cast<T>(count), on.stream());
+      }
+      return;
+    }
+#endif
     T* o = out.data<T>();
     cpu::sum_axes<T>(xc.data<T>(), xc.shape(), mask, o);
     if (mean) {
@@ -66,6 +135,14 @@ Tensor reduce_sum(const char* op, const char* backward_name, const Tensor& x, co
         const Tensor grad = g[0].contiguous();
         Tensor grad_x = Tensor::empty(in_shape, grad.dtype(), grad.device());
         ops::dispatch_float(op, grad.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+          if (grad.device().is_cuda()) {
+            const lockstep::cuda::OnDevice on(grad.device());
+            ops::cuda::broadcast_to<T>(grad.data_ptr<T>(), shape_ref(keep_shape), grad_x.data_ptr<T>(),
+                                       shape_ref(in_shape), static_cast<T>(scale), on.stream());
+            return;
+          }
+#endif
           cpu::broadcast_to<T>(grad.data<T>(), keep_shape, grad_x.data<T>(), in_shape, static_cast<T>(scale));
         });
         return std::vector<Tensor>{grad_x};
@@ -150,6 +227,15 @@ AxisMax max_along(const char* op, const Tensor& x, int64_t axis, bool keepdim, b
   if (want_values) m.values = Tensor::empty(m.split.out_shape, x.dtype(), x.device());
   m.indices = Tensor::empty(m.split.out_shape, DType::i64, x.device());
   ops::dispatch_float(op, x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (x.device().is_cuda()) {
+      const lockstep::cuda::OnDevice on(x.device());
+      ops::cuda::max_middle<T>(m.input.data_ptr<T>(), m.split.outer, m.split.n, m.split.inner,
+                               want_values ? m.values.data_ptr<T>() : nullptr, m.indices.data_ptr<int64_t>(),
+                               on.stream());
+      return;
+    }
+#endif
     cpu::max_middle<T>(m.input.data<T>(), m.split.outer, m.split.n, m.split.inner,
                        want_values ? m.values.data<T>() : nullptr, m.indices.data<int64_t>());
   });
@@ -163,6 +249,18 @@ Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
   autograd::record("MaxBackward", {m.input}, {m.values},
                    [indices = m.indices, split = m.split, in_shape = x.shape()](const std::vector<Tensor>& g) {
                      const Tensor grad = g[0].contiguous();
+#if LOCKSTEP_HAVE_CUDA
+                     if (grad.device().is_cuda()) {
+                       // Every element written (the gradient or 0), so no zero fill first.
+                       Tensor grad_x = Tensor::empty(in_shape, grad.dtype(), grad.device());
+                       ops::dispatch_float("max", grad.dtype(), [&]<typename T>() {
+                         const lockstep::cuda::OnDevice on(grad.device());
+                         ops::cuda::max_backward<T>(grad.data_ptr<T>(), indices.data_ptr<int64_t>(), split.outer,
+                                                    split.n, split.inner, grad_x.data_ptr<T>(), on.stream());
+                       });
+                       return std::vector<Tensor>{grad_x};
+                     }
+#endif
                      Tensor grad_x = Tensor::zeros(in_shape, grad.dtype(), grad.device());
                      ops::dispatch_float("max", grad.dtype(), [&]<typename T>() {
                        const T* src = grad.data<T>();
