@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include "lockstep/autograd/checkpoint.h"
 #include "lockstep/autograd/grad_mode.h"
@@ -19,13 +21,29 @@ constexpr double kInitStddev = 0.02;
 // [T, T] additive mask: 0 where key position j <= query position i, -inf above the diagonal,
 // so softmax gives those keys exactly zero weight (and later tokens cannot touch earlier
 // positions' results at all, not even by rounding). Made on `device`, where the scores are.
-Tensor causal_mask(int64_t t, Device device) {
+Tensor host_causal_mask(int64_t t, Device device) {
   Tensor mask = Tensor::zeros({t, t});
   float* m = mask.data<float>();
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = i + 1; j < t; ++j) m[i * t + j] = -std::numeric_limits<float>::infinity();
   }
   return mask.to(device);
+}
+
+// On a GPU the host-built mask is copied once and kept (one per device, for the last T):
+// a copy from the host waits for the device's stream to drain, and every attention layer of
+// every forward asks for the mask. Nothing writes into it (it only feeds an addition), so
+// sharing it is safe.
+Tensor causal_mask(int64_t t, Device device) {
+  if (!device.is_cuda()) return host_causal_mask(t, device);
+  static std::mutex mutex;
+  // Never destroyed: its GPU memory must not be released after the CUDA runtime has shut
+  // down at exit.
+  static auto* const masks = new std::unordered_map<Device, Tensor>();
+  std::lock_guard<std::mutex> lock(mutex);
+  Tensor& mask = (*masks)[device];
+  if (!mask.defined() || mask.size(0) != t) mask = host_causal_mask(t, device);
+  return mask;
 }
 
 // GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 * layers)

@@ -5,6 +5,11 @@
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/dispatch.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/optim/cuda/optimizer_kernels.h"
+#endif
+
 namespace lockstep::optim {
 namespace {
 
@@ -59,7 +64,7 @@ void AdamW::update(size_t index, const Tensor& param, const Tensor& grad) {
   Tensor& step_tensor = state_slot(index, kStepSlot);
   const Tensor exp_avg = state_slot(index, kExpAvgSlot);
   const Tensor exp_avg_sq = state_slot(index, kExpAvgSqSlot);
-  const int64_t step = ++step_tensor.data<int64_t>()[0];
+  const int64_t step = ++step_tensor.data<int64_t>()[0];  // on the host even for a GPU parameter
 
   const AdamWOptions& o = options_;
   const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
@@ -78,6 +83,23 @@ void AdamW::update(size_t index, const Tensor& param, const Tensor& grad) {
                             static_cast<T>(std::sqrt(bias_correction2)),
                             static_cast<T>(o.eps),
                             static_cast<T>(-step_size)};
+#if LOCKSTEP_HAVE_CUDA
+    if (param.device().is_cuda()) {
+      const cuda::AdamWStep<T> step_scalars{.decay = s.decay,
+                                            .lerp_weight = s.lerp_weight,
+                                            .lerp_small = s.lerp_small,
+                                            .use_decay = decay,
+                                            .beta2 = s.beta2,
+                                            .one_minus_beta2 = s.one_minus_beta2,
+                                            .bias_correction2_sqrt = s.bias_correction2_sqrt,
+                                            .eps = s.eps,
+                                            .neg_step_size = s.neg_step_size};
+      lockstep::cuda::OnDevice on(param.device());
+      cuda::adamw_update(param.data_ptr<T>(), grad.data_ptr<T>(), exp_avg.data_ptr<T>(), exp_avg_sq.data_ptr<T>(), n,
+                         step_scalars, on.stream());
+      return;
+    }
+#endif
     T* p = param.data<T>();
     const T* g = grad.data<T>();
     T* m = exp_avg.data<T>();

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
+#include "lockstep/core/cuda_device.h"
 
 namespace lockstep::optim {
 namespace {
@@ -49,8 +50,9 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::vector<StateSlo
         << "optimizer: parameter " << i << " is " << dtype_name(p.dtype()) << "; optimizers update f32 or f64 weights";
     LOCKSTEP_CHECK(p.is_contiguous()) << "optimizer: parameter " << i << " " << shape_str(p.shape())
                                       << " is not contiguous; register contiguous tensors as parameters";
-    LOCKSTEP_CHECK(p.device().is_cpu()) << "optimizer: parameter " << i << " is on " << p.device()
-                                        << ", and optimizer updates run on CPU devices only so far";
+    LOCKSTEP_CHECK(p.device().is_cpu() || (p.device().is_cuda() && lockstep::cuda::built()))
+        << "optimizer: parameter " << i << " is on " << p.device()
+        << ", and this build has no CUDA backend to update it there (built when nvcc and NCCL are found)";
     for (size_t j = 0; j < i; ++j)
       LOCKSTEP_CHECK(!params_[j].is_same(p))
           << "optimizer: parameter " << i << " is the same tensor as parameter " << j << "; pass each parameter once";

@@ -5,6 +5,11 @@
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/dispatch.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/optim/cuda/optimizer_kernels.h"
+#endif
+
 namespace lockstep::optim {
 namespace {
 
@@ -65,6 +70,24 @@ void SGD::update(size_t index, const Tensor& param, const Tensor& grad) {
   Tensor buf;
   if (use_momentum) buf = state_slot(index, kMomentumSlot);
   const int64_t n = param.numel();
+#if LOCKSTEP_HAVE_CUDA
+  if (param.device().is_cuda()) {
+    lockstep::cuda::OnDevice on(param.device());
+    ops::dispatch_float("SGD", param.dtype(), [&]<typename T>() {
+      const cuda::SgdStep<T> step{.weight_decay = static_cast<T>(options_.weight_decay),
+                                  .momentum = static_cast<T>(options_.momentum),
+                                  .one_minus_dampening = static_cast<T>(1.0 - options_.dampening),
+                                  .neg_lr = static_cast<T>(-lr_),
+                                  .decay = decay,
+                                  .use_momentum = use_momentum,
+                                  .first = first,
+                                  .nesterov = options_.nesterov};
+      cuda::sgd_update(param.data_ptr<T>(), grad.data_ptr<T>(), use_momentum ? buf.data_ptr<T>() : nullptr, n, step,
+                       on.stream());
+    });
+    return;
+  }
+#endif
   ops::dispatch_float("SGD", param.dtype(), [&]<typename T>() {
     T* p = param.data<T>();
     const T* g = grad.data<T>();

@@ -2,7 +2,63 @@
 
 #include "lockstep/comm/tree_reduce.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/autograd/cuda/add_kernels.h"
+#include "lockstep/comm/cuda/tree_reduce_kernel.h"
+#include "lockstep/core/cuda/runtime.h"
+#endif
+
 namespace lockstep::parallel {
+namespace {
+
+#if LOCKSTEP_HAVE_CUDA
+// out = left + right for count elements on a GPU, with tree_reduce's two-way sum: f32 and
+// f64 add in their own dtype (one kernel, no staging); the other dtypes (bf16/f16 through
+// f32, integers wrapping) go through comm's fold of rows, after copying the two operands
+// into adjacent rows. out may be left or right.
+void add_on_device(const void* left, const void* right, void* out, int64_t count, DType dtype, Device device) {
+  if (count == 0) return;
+  lockstep::cuda::OnDevice on(device);
+  if (dtype == DType::f32) {
+    autograd::cuda::add_elements(static_cast<const float*>(left), static_cast<const float*>(right),
+                                 static_cast<float*>(out), count, on.stream());
+    return;
+  }
+  if (dtype == DType::f64) {
+    autograd::cuda::add_elements(static_cast<const double*>(left), static_cast<const double*>(right),
+                                 static_cast<double*>(out), count, on.stream());
+    return;
+  }
+  comm::check_reducible(dtype, comm::ReduceOp::sum);
+  const Tensor rows = Tensor::empty({2, count}, dtype, device);
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  char* first = static_cast<char*>(rows.data_ptr());
+  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(first, left, bytes, cudaMemcpyDeviceToDevice, on.stream()));
+  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(first + bytes, right, bytes, cudaMemcpyDeviceToDevice, on.stream()));
+  // rows is released on return while the fold is queued: the allocator reuses its memory
+  // only for later work on this same stream.
+  comm::cuda::tree_reduce_rows(first, count, 2, out, count, dtype, comm::ReduceOp::sum, on.stream());
+}
+#endif
+
+// out = left + right (tree_reduce's two-way sum) for count elements of tensors on device.
+void add_pair(const void* left, const void* right, void* out, int64_t count, DType dtype, Device device) {
+#if LOCKSTEP_HAVE_CUDA
+  if (device.is_cuda()) return add_on_device(left, right, out, count, dtype, device);
+#endif
+  (void)device;
+  const void* inputs[2] = {left, right};
+  comm::tree_reduce(inputs, 2, out, count, dtype, comm::ReduceOp::sum);
+}
+
+// Both sums' elements must be readable where the addition runs: on a GPU, that GPU's.
+void check_same_place(const Tensor& a, const Tensor& b, size_t index) {
+  LOCKSTEP_CHECK(a.device() == b.device() || (a.device().is_cpu() && b.device().is_cpu()))
+      << "gradient " << index << " is on " << a.device() << " in one micro-batch and on " << b.device()
+      << " in another; keep every leaf of a gradient tree on one device";
+}
+
+}  // namespace
 
 void GradientTree::merge_into(Subtree& left, const Subtree& right) {
   LOCKSTEP_CHECK(left.sums.size() == right.sums.size())
@@ -13,8 +69,8 @@ void GradientTree::merge_into(Subtree& left, const Subtree& right) {
     LOCKSTEP_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype())
         << "gradient " << i << " changes shape or dtype between micro-batches: " << shape_str(a.shape()) << " "
         << dtype_name(a.dtype()) << " vs " << shape_str(b.shape()) << " " << dtype_name(b.dtype());
-    const void* inputs[2] = {a.raw_data(), b.raw_data()};
-    comm::tree_reduce(inputs, 2, a.raw_data(), a.numel(), a.dtype(), comm::ReduceOp::sum);
+    check_same_place(a, b, i);
+    add_pair(a.data_ptr(), b.data_ptr(), a.data_ptr(), a.numel(), a.dtype(), a.device());
   }
   left.leaves += right.leaves;
 }
@@ -33,7 +89,7 @@ void GradientTree::finish_range(const Tensor& last, int64_t begin, int64_t end) 
   LOCKSTEP_CHECK(last.is_contiguous() && begin >= 0 && begin <= end && end <= last.numel())
       << "finish_range: elements [" << begin << ", " << end << ") of a tensor of " << last.numel();
   const size_t element = dtype_size(last.dtype());
-  char* out = static_cast<char*>(last.raw_data()) + static_cast<size_t>(begin) * element;
+  char* out = static_cast<char*>(last.data_ptr()) + static_cast<size_t>(begin) * element;
   // The counter's merges and finish() both fold the subtrees from the right: S0 + (S1 + ...
   // (Sm + last)), each addition with the earlier samples on the left.
   for (size_t i = stack_.size(); i-- > 0;) {
@@ -41,8 +97,9 @@ void GradientTree::finish_range(const Tensor& last, int64_t begin, int64_t end) 
     LOCKSTEP_CHECK(stack_[i].sums.size() == 1 && sum.numel() == last.numel() && sum.dtype() == last.dtype())
         << "finish_range needs leaves of one flat tensor like `last` (" << last.numel() << " "
         << dtype_name(last.dtype()) << ")";
-    const void* inputs[2] = {static_cast<const char*>(sum.raw_data()) + static_cast<size_t>(begin) * element, out};
-    comm::tree_reduce(inputs, 2, out, end - begin, last.dtype(), comm::ReduceOp::sum);
+    check_same_place(sum, last, 0);
+    add_pair(static_cast<const char*>(sum.data_ptr()) + static_cast<size_t>(begin) * element, out, out, end - begin,
+             last.dtype(), last.device());
   }
 }
 
