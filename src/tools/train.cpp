@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "lockstep/core/allocator.h"
+#include "lockstep/core/cuda_device.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/data/dataloader.h"
 #include "lockstep/data/fashion_mnist.h"
@@ -30,6 +31,7 @@
 #include "tools/flags.h"
 #include "tools/run_dir.h"
 #include "tools/train_checkpoint.h"
+#include "tools/train_devices.h"
 #include "tools/train_strategy.h"
 #include "tools/train_task.h"
 
@@ -54,9 +56,11 @@ Evaluation evaluate(nn::Module& model, const Dataset& data) {
   const int64_t batch = std::max<int64_t>(1, 1000 / per_sample);  // about a thousand predictions at a time
   double loss_sum = 0;
   int64_t correct = 0;
+  const Device device = model.parameters().front().device();
   for (int64_t start = 0; start < n; start += batch) {
     const int64_t end = std::min(n, start + batch);
-    const Tensor flat_logits = flatten(model(slice(data.images, 0, start, end)), 0, -2);  // [predictions, classes]
+    // [predictions, classes], scored on the host
+    const Tensor flat_logits = flatten(model(slice(data.images, 0, start, end).to(device)), 0, -2).to(Device::cpu());
     const Tensor labels = flatten(slice(data.labels, 0, start, end).contiguous(), 0);
     loss_sum += cross_entropy(flat_logits, labels, Reduction::sum).item();
     const auto predicted = argmax(flat_logits, 1).to_vector<int64_t>();
@@ -125,7 +129,6 @@ nlohmann::json memory_json(const std::vector<std::string>& names, const std::vec
 void check_options(const TrainOptions& options) {
   LOCKSTEP_CHECK(options.batch_size > 0) << "--batch-size must be at least 1, got " << options.batch_size;
   LOCKSTEP_CHECK(options.micro_batch > 0) << "--micro-batch must be at least 1, got " << options.micro_batch;
-  LOCKSTEP_CHECK(options.devices >= 0) << "--devices must be 1 or more, got " << options.devices;
   LOCKSTEP_CHECK(options.bucket_mb > 0) << "--bucket-mb must be positive, got " << options.bucket_mb;
   LOCKSTEP_CHECK(options.epochs >= 0) << "--epochs must be 0 or more, got " << options.epochs;
   LOCKSTEP_CHECK(options.steps >= -1) << "--steps must be 0 or more, got " << options.steps;
@@ -158,7 +161,9 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("micro-batch", &options.micro_batch,
             "samples per forward/backward pass (default: batch-size / 8 where it divides); with the seed and batch "
             "size it fixes the result");
-  flags.add("devices", &options.devices, "CPU devices to train on (default: one per core; ddp: one per process)");
+  flags.add("devices", &options.devices_flag,
+            "devices to train on: a count, cpu, cuda, or cuda:0,cuda:1 (default: every GPU, else one CPU device "
+            "per core; ddp: the process's own)");
   flags.add("strategy", &options.strategy,
             "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
             "lockstep run; zero1: ddp with the optimizer state sharded across the processes; mesh (implied by --dp, "
@@ -206,6 +211,17 @@ int train_main(const std::vector<std::string>& args) {
     }
     options.strategy = "mesh";
   }
+  // The GPT and the mesh layouts run on CPU devices in this version: only an explicit
+  // request for GPUs is an error for them.
+  const bool cpu_only = options.model == "gpt" || options.strategy == "mesh";
+  if (cpu_only && (options.devices_flag.find("cuda") != std::string::npos || options.devices_flag == "gpu")) {
+    throw UsageError("--devices " + options.devices_flag +
+                     ": --model gpt and the mesh layouts (--dp, --tp, --pp) run on CPU devices in this version; give "
+                     "a count or cpu");
+  }
+  const DeviceChoice choice = parse_devices(options.devices_flag, cpu_only ? 0 : cuda::device_count());
+  options.devices = choice.count;
+  options.device_type = choice.type;
   // A transformer wants Adam: SGD's default learning rate barely moves it.
   if (options.model == "gpt" && !flags.given("optimizer")) options.optimizer = "adamw";
   if (options.lr < 0) options.lr = default_lr(options.optimizer);

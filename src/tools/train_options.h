@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "lockstep/core/device.h"
+
 namespace lockstep::tools {
 
 struct TrainOptions {
@@ -16,11 +18,13 @@ struct TrainOptions {
   int64_t sample_bytes = 200;
   double temperature = 0.8;
   int64_t epochs = 1;
-  int64_t steps = -1;           // -1: epochs × batches per epoch; 0: evaluate only
-  int64_t batch_size = 32;      // the global batch: every device's samples of one step
-  int64_t micro_batch = -1;     // -1: default_micro_batch(batch_size)
-  int64_t devices = 0;          // 0: every local device (one CPU device per core); ddp: the world size
-  std::string strategy = "dp";  // "mesh" when --dp, --tp or --pp is given
+  int64_t steps = -1;        // -1: epochs × batches per epoch; 0: evaluate only
+  int64_t batch_size = 32;   // the global batch: every device's samples of one step
+  int64_t micro_batch = -1;  // -1: default_micro_batch(batch_size)
+  std::string devices_flag;  // --devices as given: a count, cpu, cuda or a list (train_devices.h)
+  int64_t devices = 0;       // 0: every local device (each GPU, else one CPU device per core); ddp: the world size
+  DeviceType device_type = DeviceType::cpu;  // CUDA when a GPU is visible, unless --devices says otherwise
+  std::string strategy = "dp";               // "mesh" when --dp, --tp or --pp is given
   // --strategy mesh (GPT only): data-parallel replicas x tensor-parallel ranks x pipeline
   // stages, one thread-driven device each (0: --dp from --devices, else 1).
   int64_t dp = 0, tp = 1, pp = 1;

@@ -2,6 +2,7 @@
 
 #include "lockstep/comm/init.h"
 #include "lockstep/comm/launch_env.h"
+#include "lockstep/core/cuda_device.h"
 #include "lockstep/core/device.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/data_parallel.h"
@@ -41,6 +42,14 @@ std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const D
 
 namespace {
 
+// The module with its parameters and buffers moved to device (the same tensors, so hooks
+// and optimizers made later see them there).
+std::shared_ptr<nn::Module> on_device(std::shared_ptr<nn::Module> module, Device device) {
+  for (const Tensor& p : module->parameters()) p.set_data(p.to(device));
+  for (const auto& [name, buffer] : module->named_buffers()) buffer.set_data(buffer.to(device));
+  return module;
+}
+
 void check_layout(const TrainOptions& options) {
   const std::string error =
       parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices));
@@ -54,6 +63,7 @@ class DataParallelStrategy final : public TrainStrategy {
       : threads_(threads),
         dp_(
             {.devices = static_cast<int>(options.devices),
+             .device_type = options.device_type,
              .micro_batch = options.micro_batch,
              .threads_per_device = std::max(1, threads / static_cast<int>(options.devices)),
              .zero1 = false},
@@ -74,11 +84,15 @@ class DataParallelStrategy final : public TrainStrategy {
       restore_train_checkpoint(checkpoint, path, dp_.replica(d), [](const NamedTensors&) {});
     return position;
   }
-  std::vector<std::string> local_devices() const override { return cpu_device_names(0, dp_.devices()); }
+  std::vector<std::string> local_devices() const override {
+    std::vector<std::string> names;
+    for (int d = 0; d < dp_.devices(); ++d) names.push_back(dp_.device(d).str());
+    return names;
+  }
   std::vector<std::string> all_devices() const override { return local_devices(); }
   std::vector<Device> local_allocators() const override {
     std::vector<Device> devices;
-    for (int d = 0; d < dp_.devices(); ++d) devices.push_back(Device::cpu(d));
+    for (int d = 0; d < dp_.devices(); ++d) devices.push_back(dp_.device(d));
     return devices;
   }
   int threads_per_device() const override { return dp_.threads_per_device(); }
@@ -93,9 +107,13 @@ class DataParallelStrategy final : public TrainStrategy {
 
 class DistributedStrategy final : public TrainStrategy {
  public:
-  DistributedStrategy(const TrainOptions& options, std::shared_ptr<comm::Communicator> comm, int threads,
+  // Each process trains on `device`: a CPU device, or the GPU of its local rank.
+  DistributedStrategy(const TrainOptions& options, std::shared_ptr<comm::Communicator> comm, int threads, Device device,
                       const ReplicaFactory& make_replica, const OptimizerFactory& make_optimizer)
-      : threads_(threads), ddp_(make_ddp(options, std::move(comm), make_replica, make_optimizer)) {}
+      : threads_(threads),
+        device_(device),
+        ddp_(make_ddp(
+            options, std::move(comm), [&] { return on_device(make_replica(), device); }, make_optimizer)) {}
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
     // Every rank loads the global batch in the same order and trains on its share.
@@ -114,9 +132,15 @@ class DistributedStrategy final : public TrainStrategy {
     return restore_train_checkpoint(checkpoint, path, ddp_->module(),
                                     [&](const NamedTensors& state) { ddp_->load_optimizer_state(state); });
   }
-  std::vector<std::string> local_devices() const override { return cpu_device_names(ddp_->communicator().rank(), 1); }
-  std::vector<std::string> all_devices() const override { return cpu_device_names(0, ddp_->communicator().size()); }
-  std::vector<Device> local_allocators() const override { return {Device::cpu(0)}; }
+  std::vector<std::string> local_devices() const override {
+    return {Device(device_.type(), ddp_->communicator().rank()).str()};
+  }
+  std::vector<std::string> all_devices() const override {
+    std::vector<std::string> names;
+    for (int r = 0; r < ddp_->communicator().size(); ++r) names.push_back(Device(device_.type(), r).str());
+    return names;
+  }
+  std::vector<Device> local_allocators() const override { return {device_}; }
   int threads_per_device() const override { return threads_; }
   int process_threads() const override { return threads_; }
   bool leader() const override { return ddp_->communicator().rank() == 0; }
@@ -141,6 +165,7 @@ class DistributedStrategy final : public TrainStrategy {
   }
 
   int threads_;
+  Device device_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;
 };
 
@@ -150,9 +175,9 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
                                                    const OptimizerFactory& make_optimizer) {
   if (options.strategy == "dp") {
     if (options.devices == 0) {
-      // Every core a device, or as many as can share the step's micro-batches (3 cores and
-      // 8 micro-batches: 2 devices).
-      options.devices = host_cores();
+      // Every GPU, else every core a device; or as many as can share the step's
+      // micro-batches (3 cores and 8 micro-batches: 2 devices).
+      options.devices = options.device_type == DeviceType::cuda ? cuda::device_count() : host_cores();
       while (options.devices > 1 &&
              !parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices))
                   .empty()) {
@@ -175,8 +200,25 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
     options.devices = launch.world_size;
     check_layout(options);
     const int threads = threads_for_process(options, launch.local_world_size);
+    // On GPUs, rank r's device is cuda:LOCAL_RANK (lockstep run and torchrun make the job's
+    // GPUs visible to every rank in rank order), and NCCL carries the gradients.
+    Device device = Device::cpu();
+    if (options.device_type == DeviceType::cuda) {
+      device = Device(DeviceType::cuda, launch.local_rank);
+      if (launch.local_rank >= cuda::device_count()) {
+        throw UsageError("local rank " + std::to_string(launch.local_rank) + " has no GPU: this process sees " +
+                         std::to_string(cuda::device_count()) +
+                         " GPU(s); start at most that many processes per host, or add --devices cpu");
+      }
+      if (options.backend == "auto") options.backend = "nccl";
+      if (options.backend != "nccl") {
+        throw UsageError("--backend " + options.backend +
+                         " moves host memory; GPU training under ddp uses --backend nccl (or add --devices cpu)");
+      }
+    }
     std::shared_ptr<comm::Communicator> comm = comm::init_process_group(options.backend);
-    return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, make_replica, make_optimizer);
+    return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, device, make_replica,
+                                                 make_optimizer);
   }
   if (options.strategy == "mesh") return make_mesh_strategy(options, make_replica, make_optimizer);
   throw UsageError(

@@ -35,8 +35,18 @@ inline Result run_shell(const std::string& command_line) {
   return result;
 }
 
+// The command tests compare training runs on CPU devices, bit for bit: with a GPU visible,
+// `lockstep train` would pick it by default. Training commands therefore run with no GPU
+// visible (CUDA_VISIBLE_DEVICES empty); GPU training has its own tests.
+inline std::string cpu_training(const std::string& arguments) {
+  const bool trains = (" " + arguments + " ").find(" train ") != std::string::npos;
+  return trains ? "CUDA_VISIBLE_DEVICES= " : "";
+}
+
 // `lockstep <arguments>`.
-inline Result run(const std::string& arguments) { return run_shell(kBinary + " " + arguments); }
+inline Result run(const std::string& arguments) {
+  return run_shell(cpu_training(arguments) + kBinary + " " + arguments);
+}
 
 // An environment assignment under which NVML cannot load: the host looks GPU-less
 // whatever it has.
@@ -75,11 +85,12 @@ inline bool on_path(const std::string& program) {
 
 // `lockstep <arguments>` as `ranks` processes under mpirun on this host.
 inline Result run_mpi(int ranks, const std::string& arguments) {
-  return run_shell(
-      "env ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" OMPI_ALLOW_RUN_AS_ROOT=1 "
-      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 300 mpirun "
-      "--oversubscribe --allow-run-as-root --bind-to none -x ASAN_OPTIONS -np " +
-      std::to_string(ranks) + " " + kBinary + " " + arguments);
+  return run_shell(cpu_training(arguments) +
+                   "env ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" OMPI_ALLOW_RUN_AS_ROOT=1 "
+                   "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 300 mpirun "
+                   "--oversubscribe --allow-run-as-root --bind-to none -x ASAN_OPTIONS " +
+                   (cpu_training(arguments).empty() ? "" : "-x CUDA_VISIBLE_DEVICES ") + "-np " +
+                   std::to_string(ranks) + " " + kBinary + " " + arguments);
 }
 
 inline std::vector<std::string> split_words(const std::string& text) {

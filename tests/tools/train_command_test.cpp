@@ -328,7 +328,10 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
       {base() + " --steps many", 2, "--steps"},
       {base() + " --micro-batch 4 --devices 3", 2, "8 micro-batches, which 3 devices cannot share"},
       {base() + " --micro-batch 5", 2, "multiple of the micro-batch (5)"},
-      {base() + " --devices -1", 1, "--devices"},
+      {base() + " --devices -1", 2, "--devices -1 is not a count"},
+      {base() + " --devices cuda:1,cuda:3", 2, "must be cuda:0, not cuda:1"},
+      {base() + " --devices cuda:0", 2, "no GPU is visible"},
+      {base() + " --model gpt --devices cuda", 2, "run on CPU devices in this version"},
       {base() + " --strategy zero9", 2, "--strategy"},
       {base() + " --strategy ddp --devices 2", 2, "one device per process"},
   };

@@ -207,7 +207,7 @@ void NcclCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc&
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &tensor, nullptr, what);
   if (desc.count == 0) return;
-  s.collectives.follow_default_stream();
+  s.collectives.follow_producers(s.device);
   if (s.deterministic) {
     deterministic_all_reduce(tensor, desc, what);
   } else {
@@ -266,7 +266,7 @@ void NcclCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& outp
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &input, &output, what);
   if (desc.count == 0) return;
-  s.collectives.follow_default_stream();
+  s.collectives.follow_producers(s.device);
   if (s.deterministic) {
     deterministic_reduce_scatter(input, output, desc, what);
   } else {
@@ -326,7 +326,7 @@ void NcclCommunicator::do_all_gather(const Tensor& input, const Tensor& output, 
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &input, &output, what);
   if (desc.count == 0) return;
-  s.collectives.follow_default_stream();
+  s.collectives.follow_producers(s.device);
   const size_t slice_bytes = input.nbytes();
   const char* in = nccl::device_pointer(input);
   char* out = nccl::device_pointer(output);
@@ -348,7 +348,7 @@ void NcclCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& 
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &tensor, nullptr, what);
   if (desc.count == 0) return;
-  s.collectives.follow_default_stream();
+  s.collectives.follow_producers(s.device);
   char* data = nccl::device_pointer(tensor);
   s.world->check(ncclBroadcast(data, data, static_cast<size_t>(desc.count), nccl::nccl_dtype(desc.dtype), desc.root,
                                s.world->get(), s.collectives.get()),

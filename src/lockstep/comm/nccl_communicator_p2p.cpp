@@ -68,7 +68,7 @@ void NcclCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
   nccl::CurrentDevice current(s.device);
   nccl::Comm& comm = s.pair(rank(), peer, true, timeout(), what);
   cudaStream_t stream = s.sends.get();
-  s.sends.follow_default_stream();
+  s.sends.follow_producers(s.device);
   P2pHeader header;
   std::memset(&header, 0, sizeof header);
   header.magic = kP2pMagic;
@@ -96,7 +96,7 @@ void NcclCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
   nccl::CurrentDevice current(s.device);
   nccl::Comm& comm = s.pair(rank(), peer, false, timeout(), what);
   cudaStream_t stream = s.receives.get();
-  s.receives.follow_default_stream();  // nothing queued before still reads the tensor
+  s.receives.follow_producers(s.device);  // nothing queued before still reads the tensor
   char* device_header = s.recv_header.reserve(sizeof(P2pHeader));
   comm.check(ncclRecv(device_header, sizeof(P2pHeader), ncclUint8, 0, comm.get(), stream), "ncclRecv of the header",
              what, timeout());

@@ -21,8 +21,8 @@ void Sha256::update(const void* data, size_t size) {
 }
 
 void Sha256::update(const Tensor& tensor) {
-  const Tensor dense = tensor.is_contiguous() ? tensor : [&] {
-    Tensor copy = Tensor::empty(tensor.shape(), tensor.dtype(), tensor.device());
+  const Tensor dense = tensor.is_contiguous() && tensor.device().is_cpu() ? tensor : [&] {
+    Tensor copy = Tensor::empty(tensor.shape(), tensor.dtype());  // on the host, from any device
     copy.copy_from(tensor);
     return copy;
   }();

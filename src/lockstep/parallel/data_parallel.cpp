@@ -8,18 +8,35 @@
 #include "lockstep/parallel/gradient_tree.h"
 
 namespace lockstep::parallel {
+namespace {
+
+// The `local` communicator folds host memory: a GPU device's subtree sum goes through a
+// host copy, is folded in the same tree order, and comes back (two copies of the gradient
+// per step over PCIe; the fold itself is the CPU devices' one, so the bits are too).
+void all_reduce_on_host(comm::Communicator& comm, const Tensor& tensor) {
+  if (tensor.device().is_cpu()) return comm.all_reduce(tensor);
+  const Tensor host = tensor.to(Device::cpu());
+  comm.all_reduce(host);
+  tensor.copy_from(host);
+}
+
+}  // namespace
+
 DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
                            const OptimizerFactory& make_optimizer)
     : options_(options) {
   LOCKSTEP_CHECK(options.devices >= 1) << "data parallel needs at least one device, got " << options.devices;
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
+  LOCKSTEP_CHECK(!(options.zero1 && options.device_type == DeviceType::cuda))
+      << "ZeRO-1 over CUDA devices in one process is not supported yet: use --strategy dp without zero1, or one "
+         "process per GPU (lockstep run ... --strategy zero1 --backend nccl)";
   comms_ = comm::LocalCommunicator::create_group(options.devices);
   gradients_.reserve(static_cast<size_t>(options.devices));  // the sharded optimizers keep references
   for (int d = 0; d < options.devices; ++d) {
     replicas_.push_back(make_replica(d));
     // Each replica lives on its own device, so memory_stats(cpu:d) is device d's memory.
-    const Device device = Device::cpu(d);
+    const Device device = this->device(d);
     for (const Tensor& p : replicas_.back()->parameters()) p.set_data(p.to(device));
     for (const auto& [name, buffer] : replicas_.back()->named_buffers()) buffer.set_data(buffer.to(device));
     gradients_.emplace_back(replicas_.back()->parameters(), options.zero1 ? options.devices : 1);
@@ -75,7 +92,7 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   GradientTree tree;
   for (int64_t first = device * per_device; first < (device + 1) * per_device; first += micro) {
     const Tensor loss =
-        run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed, Device::cpu(device));
+        run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed, this->device(device));
     // The loss rides along as a second leaf entry, so it is summed in the same order.
     tree.add_leaf({gradients.take_all(), loss});
   }
@@ -87,10 +104,10 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   comm.barrier();  // so the wait for the slowest device is not counted as communication
   times.wait = seconds_since(start);
   start = StepClock::now();
-  comm.all_reduce(sums[1]);  // the loss
-  if (device == 0) result.loss = sums[1].data<double>()[0];
+  all_reduce_on_host(comm, sums[1]);  // the loss
+  if (device == 0) result.loss = sums[1].item();
   if (!options_.zero1) {
-    comm.all_reduce(sums[0]);
+    all_reduce_on_host(comm, sums[0]);
     times.communicate = seconds_since(start);
     start = StepClock::now();
     gradients.give(sums[0]);

@@ -23,7 +23,8 @@
 namespace lockstep::parallel {
 
 struct DataParallelOptions {
-  int devices = 1;
+  int devices = 1;  // devices 0 .. devices-1 of device_type
+  DeviceType device_type = DeviceType::cpu;
   int64_t micro_batch = 1;  // samples per micro-batch: the leaf of the step's tree
   int threads_per_device = 1;
   bool zero1 = false;  // shard the optimizer state across the devices (ZeRO stage 1)
@@ -48,6 +49,7 @@ class DataParallel {
   StepResult step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed);
 
   int devices() const { return static_cast<int>(replicas_.size()); }
+  Device device(int d) const { return Device(options_.device_type, d); }
   int64_t micro_batch() const { return options_.micro_batch; }
   int threads_per_device() const { return options_.threads_per_device; }
   nn::Module& replica(int device) { return *replicas_.at(device); }

@@ -145,6 +145,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
 
   const int64_t micro = options_.micro_batch;
+  const Device device = gradients_.params().front().device();  // the samples go where the model is
   GradientTree losses;
   for (int64_t first = 0; first < local; first += micro) {
     const bool last = first + micro == local;
@@ -158,8 +159,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
       next_bucket_ = 0;
       collecting_ = true;
     }
-    losses.add_leaf(
-        {run_micro_batch(*model_, images, labels, first, micro, batch, first_sample, step, seed, images.device())});
+    losses.add_leaf({run_micro_batch(*model_, images, labels, first, micro, batch, first_sample, step, seed, device)});
     if (!last) tree_.add_leaf({gradients_.take_all()});
   }
   // Parameters backward did not reach (unused in this step) count as zeros.
@@ -182,7 +182,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   tree_.clear();
   const Tensor loss = losses.finish()[0];
   comm_->all_reduce(loss);
-  result.loss = loss.data<double>()[0];
+  result.loss = loss.item();
   if (!sharded_) {
     times.communicate = seconds_since(start);
     start = StepClock::now();

@@ -36,8 +36,10 @@ Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& la
   const Tensor logits = flatten(model(x), 0, -2);  // [predictions, classes]
   const double weight = static_cast<double>(batch * (logits.size(0) / count));
   const Tensor loss = cross_entropy(logits, flatten(y, 0), Reduction::sum);
-  loss.backward(Tensor::scalar(1.0 / weight).to(device));
-  return Tensor::full({1}, loss.item() / weight, DType::f64);
+  loss.backward(Tensor::scalar(1.0 / weight, DType::f32, device));
+  // The loss divided where it lies (f32 to f64 is exact; one IEEE division, as on the host),
+  // so a GPU step does not wait for it.
+  return div(reshape(loss.detach(), {1}).to(DType::f64), Tensor::full({1}, weight, DType::f64, device));
 }
 
 }  // namespace lockstep::parallel

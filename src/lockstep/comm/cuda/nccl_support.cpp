@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "lockstep/comm/store.h"
+#include "lockstep/core/cuda/runtime.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep::comm::nccl {
@@ -254,23 +255,28 @@ void Comm::wait(cudaStream_t stream, const std::string& what, std::chrono::milli
 
 Stream::Stream() {
   LOCKSTEP_CUDA_CALL(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  const cudaError_t rc = cudaEventCreateWithFlags(&default_done_, cudaEventDisableTiming);
+  cudaError_t rc = cudaEventCreateWithFlags(&default_done_, cudaEventDisableTiming);
+  if (rc == cudaSuccess) rc = cudaEventCreateWithFlags(&ops_done_, cudaEventDisableTiming);
   if (rc != cudaSuccess) {
+    if (default_done_) cudaEventDestroy(default_done_);
     cudaStreamDestroy(stream_);
-    check_cuda(rc, "cudaEventCreateWithFlags(&default_done_, cudaEventDisableTiming)");
+    check_cuda(rc, "cudaEventCreateWithFlags(..., cudaEventDisableTiming)");
   }
 }
 
 Stream::~Stream() {
+  cudaEventDestroy(ops_done_);
   cudaEventDestroy(default_done_);
   cudaStreamDestroy(stream_);  // returns at once; the stream's last work still completes
 }
 
-void Stream::follow_default_stream() {
+void Stream::follow_producers(int device) {
   // The legacy default stream waits for every blocking stream, so this also covers
   // producers on streams created without cudaStreamNonBlocking.
   LOCKSTEP_CUDA_CALL(cudaEventRecord(default_done_, cudaStreamLegacy));
   LOCKSTEP_CUDA_CALL(cudaStreamWaitEvent(stream_, default_done_, 0));
+  LOCKSTEP_CUDA_CALL(cudaEventRecord(ops_done_, lockstep::cuda::stream(Device(DeviceType::cuda, device))));
+  LOCKSTEP_CUDA_CALL(cudaStreamWaitEvent(stream_, ops_done_, 0));
 }
 
 DeviceBuffer::~DeviceBuffer() {

@@ -89,8 +89,9 @@ class Comm {
 };
 
 // A stream of one lane, created non-blocking so it never waits on (or holds up) the legacy
-// default stream by accident; follow_default_stream() orders it after the work queued there
-// so far, which is how the tensors' producers are waited for.
+// default stream by accident; follow_producers() orders it after the work queued so far on
+// the legacy default stream and on the stream of the tensors' device (where Lockstep's ops
+// run), which is how the tensors' producers are waited for.
 class Stream {
  public:
   Stream();
@@ -98,11 +99,12 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   cudaStream_t get() const { return stream_; }
-  void follow_default_stream();
+  void follow_producers(int device);
 
  private:
   cudaStream_t stream_ = nullptr;
   cudaEvent_t default_done_ = nullptr;
+  cudaEvent_t ops_done_ = nullptr;
 };
 
 // Device memory that grows on demand, allocated and freed in the order of one stream
