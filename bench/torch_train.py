@@ -60,6 +60,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--device", default="cpu", help="cpu, cpu:0 or cuda:0 (batches copied there each step)")
     parser.add_argument("--probe", action="store_true", help="print torch's version and BLAS, then exit")
     args = parser.parse_args()
 
@@ -85,7 +86,8 @@ def main():
     images, targets = load_training_set(args.data)
     n = images.shape[0]
 
-    model = CNN() if args.model == "cnn" else MLP()
+    device = torch.device(args.device)
+    model = (CNN() if args.model == "cnn" else MLP()).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     state = {"order": torch.randperm(n, generator=generator), "at": 0}
@@ -97,7 +99,7 @@ def main():
             state["order"], state["at"] = torch.randperm(n, generator=generator), 0
         index = state["order"][state["at"] : state["at"] + args.batch]
         state["at"] += args.batch
-        x, y = images.index_select(0, index), targets.index_select(0, index)
+        x, y = images.index_select(0, index).to(device), targets.index_select(0, index).to(device)
         t1 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
         t2 = time.perf_counter()

@@ -3,7 +3,11 @@
 // beside the machine's single-precision GEMM peak. Every measurement runs in a child process
 // of its own, so each peak RSS is that run's alone and the two never share a process.
 //
-//   build/bin/train_throughput [--steps N] [--threads 1,2] [--models cnn,mlp]
+//   build/bin/train_throughput [--steps N] [--threads 1,2] [--models cnn,mlp] [--device cuda:0]
+//
+// With --device cuda:0 both sides train on the GPU (each batch copied there from the host,
+// as a DataLoader user does), one thread, and the GEMM peak columns are left out
+// (bench/cuda_gemm.cpp measures GPU GEMMs).
 #include <cblas.h>
 
 #include <algorithm>
@@ -52,6 +56,7 @@ struct Options {
   std::string repo;
   std::string data = kFashionMnistDefaultDir;
   std::string python = "/usr/bin/python3";
+  std::string device = "cpu:0";
   // Extra environment for every child, e.g. OMP_WAIT_POLICY=passive.
   std::vector<std::pair<std::string, std::string>> env;
 };
@@ -109,8 +114,10 @@ void print_result(const std::map<std::string, double>& values) {
 
 int train_worker(const std::string& model_name, int threads, int64_t steps, const Options& options) {
   set_num_threads(threads);
+  const Device device = Device::parse(options.device);
   const Dataset train_set = load_fashion_mnist(options.data, Split::train);
   const std::shared_ptr<nn::Module> model = nn::make_model(model_name, 0);
+  for (const Tensor& p : model->parameters()) p.set_data(p.to(device));
   optim::SGD sgd(model->parameters(), {.lr = kLr, .momentum = kMomentum});
   DataLoader loader(train_set, {.batch_size = kBatch, .shuffle = true, .seed = 0, .drop_last = true});
 
@@ -121,14 +128,15 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
     std::optional<Batch> batch = loader.next();
     if (!batch) batch = loader.next();  // next epoch
     auto t1 = Clock::now();
-    Tensor loss_tensor = cross_entropy(model->forward(batch->images), batch->labels);
+    const Tensor images = batch->images.to(device), labels = batch->labels.to(device);
+    Tensor loss_tensor = cross_entropy(model->forward(images), labels);
     auto t2 = Clock::now();
     loss_tensor.backward();
     auto t3 = Clock::now();
     sgd.step();
     sgd.zero_grad();
     auto t4 = Clock::now();
-    loss = loss_tensor.item();
+    loss = loss_tensor.item();  // waits for a GPU step to finish, as PyTorch's float(loss)
     if (timed) {
       data_s += std::chrono::duration<double>(t1 - t0).count();
       forward_s += std::chrono::duration<double>(t2 - t1).count();
@@ -138,7 +146,7 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
   };
 
   for (int64_t i = 0; i < options.warmup; ++i) step(false);
-  reset_peak_memory_stats(Device::cpu(0));
+  reset_peak_memory_stats(device);
   std::vector<double> rates, step_seconds;
   for (int64_t r = 0; r < options.reps; ++r) {
     const auto start = Clock::now();
@@ -156,7 +164,7 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
                 {"bwd_ms", 1e3 * backward_s / timed_steps},
                 {"opt_ms", 1e3 * optimizer_s / timed_steps},
                 {"step_ms", 1e3 * total_s / timed_steps},
-                {"tensor_peak_mb", static_cast<double>(memory_stats(Device::cpu(0)).peak_allocated_bytes) / (1 << 20)},
+                {"tensor_peak_mb", static_cast<double>(memory_stats(device).peak_allocated_bytes) / (1 << 20)},
                 {"loss", loss}});
   return 0;
 }
@@ -316,10 +324,12 @@ int parent_main(const std::string& self, const Options& options) {
   };
   std::vector<Row> rows;
   std::string gemm_notes;
+  const bool gpu = Device::parse(options.device).is_cuda();
   for (const int threads : options.threads) {
-    const ChildResult gemm = run_child({self, "--worker-gemm", std::to_string(threads)}, child_env(threads, options));
+    const ChildResult gemm =
+        gpu ? ChildResult{} : run_child({self, "--worker-gemm", std::to_string(threads)}, child_env(threads, options));
     const double peak = number(gemm, "gflops");
-    if (!gemm.ok) std::fprintf(stderr, "GEMM peak run failed: %s\n", gemm.failure.c_str());
+    if (!gpu && !gemm.ok) std::fprintf(stderr, "GEMM peak run failed: %s\n", gemm.failure.c_str());
     gemm_notes += " " + std::to_string(threads) + " thread(s): lockstep::cpu::gemm " +
                   fmt("%.1f", number(gemm, "lockstep_gemm")) + ", OpenBLAS's own threads " +
                   fmt("%.1f", number(gemm, "openblas")) + ", the MLP's own GEMMs alone (batch " +
@@ -331,7 +341,8 @@ int parent_main(const std::string& self, const Options& options) {
                                                "--steps",   std::to_string(steps),
                                                "--warmup",  std::to_string(options.warmup),
                                                "--reps",    std::to_string(options.reps),
-                                               "--data",    options.data};
+                                               "--data",    options.data,
+                                               "--device",  options.device};
       std::vector<std::string> ours = {self, "--worker"};
       ours.insert(ours.end(), common.begin(), common.end());
       Row row{model, threads, steps, run_child(ours, child_env(threads, options)), {}, peak};
@@ -362,6 +373,13 @@ int parent_main(const std::string& self, const Options& options) {
                 r.ours.ok && r.peak > 0 ? fmt("%.1f%%", 100 * gflops / r.peak).c_str() : "-",
                 r.ours.ok ? fmt("%.0f MiB", r.ours.peak_rss_mb).c_str() : "-",
                 r.theirs.ok ? fmt("%.0f MiB", r.theirs.peak_rss_mb).c_str() : "-");
+  }
+  for (const Row& r : rows) {  // one line per run for scripts (scripts/gpu-check)
+    if (r.ours.ok && r.theirs.ok) {
+      std::printf("SUMMARY %s threads=%d device=%s ours=%.0f torch=%.0f ratio=%.3f\n", r.model.c_str(), r.threads,
+                  options.device.c_str(), number(r.ours, "samples_per_s"), number(r.theirs, "samples_per_s"),
+                  number(r.ours, "samples_per_s") / number(r.theirs, "samples_per_s"));
+    }
   }
   std::printf(
       "ours/s, torch/s: training samples per second; ratio: ours / torch; GF/s from the FLOPs above; "
@@ -409,6 +427,7 @@ int main_checked(int argc, char** argv) {
       {"--repo", [&](const std::string& v) { options.repo = v; }},
       {"--data", [&](const std::string& v) { options.data = v; }},
       {"--python", [&](const std::string& v) { options.python = v; }},
+      {"--device", [&](const std::string& v) { options.device = v; }},
       {"--env",
        [&](const std::string& v) {
          for (const std::string& pair : split(v)) {
