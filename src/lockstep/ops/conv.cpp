@@ -31,38 +31,23 @@ T* device_data_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-// The batch cut into chunks of `samples` images (the last may hold fewer), so that one
-// chunk's column matrix and GEMM result hold at most kChunkElements: the cut, and so every
-// result, depends on the shape alone. Large chunks keep the GEMMs wide.
-struct GpuPlan {
-  int64_t samples = 1, chunks = 0;
-};
-
-GpuPlan make_gpu_plan(const cpu::Conv2dShape& s) {
-  constexpr int64_t kChunkElements = int64_t{1} << 25;  // 128 MiB of f32
-  GpuPlan plan;
-  if (s.batch == 0) return plan;
-  const int64_t per_sample = (s.rows() + s.out_channels) * s.win.out_plane();
-  const int64_t most = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(per_sample, 1));
-  const int64_t chunks = (s.batch + most - 1) / most;
-  plan.samples = (s.batch + chunks - 1) / chunks;  // even chunks rather than a small last one
-  plan.chunks = (s.batch + plan.samples - 1) / plan.samples;
-  return plan;
-}
+// One chunk's column matrix and GEMM result hold at most this many elements (128 MiB of
+// f32): large chunks keep the GEMMs wide.
+constexpr int64_t kGpuChunkElements = int64_t{1} << 25;
 
 // Per chunk: columns [K, count·P] = im2col(x), [O, count·P] = w[O, K] · columns, then to NCHW
 // with the bias.
 template <typename T>
 void conv2d_forward_cuda(const T* x, const T* w, const T* bias, T* y, const cpu::Conv2dShape& s, Device device) {
-  const GpuPlan plan = make_gpu_plan(s);
-  if (plan.chunks == 0) return;
+  const cpu::BatchChunks cut = cpu::cut_batch(s, kGpuChunkElements);
+  if (cut.chunks == 0) return;
   const int64_t K = s.rows(), O = s.out_channels, P = s.win.out_plane();
   const int64_t image = s.in_channels * s.win.in_plane();
-  const Tensor col = Tensor::empty({K * plan.samples * P}, dtype_of<T>(), device);
-  const Tensor mat = Tensor::empty({O * plan.samples * P}, dtype_of<T>(), device);
+  const Tensor col = Tensor::empty({K * cut.samples * P}, dtype_of<T>(), device);
+  const Tensor mat = Tensor::empty({O * cut.samples * P}, dtype_of<T>(), device);
   cuda::OnDevice on(device);
-  for (int64_t c = 0; c < plan.chunks; ++c) {
-    const int64_t first = c * plan.samples, count = std::min(plan.samples, s.batch - first), ld = count * P;
+  for (int64_t c = 0; c < cut.chunks; ++c) {
+    const int64_t first = c * cut.samples, count = std::min(cut.samples, s.batch - first), ld = count * P;
     ops::cuda::im2col<T>(x + first * image, count, s.in_channels, s.win, col.data_ptr<T>(), ld, on.stream());
     ops::cuda::gemm<T>(false, false, O, ld, K, T(1), w, K, col.data_ptr<T>(), ld, T(0), mat.data_ptr<T>(), ld, device);
     ops::cuda::columns_to_nchw<T>(mat.data_ptr<T>(), bias, count, O, P, y + first * O * P, on.stream());
@@ -80,15 +65,15 @@ void conv2d_backward_cuda(const T* x, const T* w, const T* dy, T* dx, T* dw, T* 
   cuda::OnDevice on(device);
   if (db != nullptr) ops::cuda::channel_sums<T>(dy, s.batch, O, P, db, on.stream());
   if (dw == nullptr && dx == nullptr) return;
-  const GpuPlan plan = make_gpu_plan(s);
-  if (plan.chunks == 0) {
+  const cpu::BatchChunks cut = cpu::cut_batch(s, kGpuChunkElements);
+  if (cut.chunks == 0) {
     if (dw != nullptr) LOCKSTEP_CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(T) * O * K, on.stream()));
     return;
   }
-  const Tensor col = Tensor::empty({K * plan.samples * P}, dtype_of<T>(), device);
-  const Tensor dyc = Tensor::empty({O * plan.samples * P}, dtype_of<T>(), device);
-  for (int64_t c = 0; c < plan.chunks; ++c) {
-    const int64_t first = c * plan.samples, count = std::min(plan.samples, s.batch - first), ld = count * P;
+  const Tensor col = Tensor::empty({K * cut.samples * P}, dtype_of<T>(), device);
+  const Tensor dyc = Tensor::empty({O * cut.samples * P}, dtype_of<T>(), device);
+  for (int64_t c = 0; c < cut.chunks; ++c) {
+    const int64_t first = c * cut.samples, count = std::min(cut.samples, s.batch - first), ld = count * P;
     ops::cuda::nchw_to_columns<T>(dy + first * O * P, count, O, P, dyc.data_ptr<T>(), on.stream());
     if (dw != nullptr) {
       ops::cuda::im2col<T>(x + first * image, count, s.in_channels, s.win, col.data_ptr<T>(), ld, on.stream());

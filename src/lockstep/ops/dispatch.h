@@ -34,4 +34,17 @@ void dispatch_float(const char* op, DType dtype, Body&& body) {
   }
 }
 
+// Calls body.template operator()<I>() with I = int32_t or int64_t, matching an index or label
+// dtype (i32 or i64).
+template <typename Body>
+void dispatch_index(const char* op, DType dtype, Body&& body) {
+  if (dtype == DType::i64) {
+    body.template operator()<int64_t>();
+  } else if (dtype == DType::i32) {
+    body.template operator()<int32_t>();
+  } else {
+    LOCKSTEP_FAIL() << op << ": dtype " << dtype_name(dtype) << " is not an index dtype, convert to i64 or i32 first";
+  }
+}
+
 }  // namespace lockstep::ops

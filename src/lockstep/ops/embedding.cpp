@@ -38,16 +38,6 @@ std::vector<int64_t> checked_indices(const Tensor& indices, int64_t vocab) {
 }
 
 #if LOCKSTEP_HAVE_CUDA
-// Calls body.template operator()<I>() with I the C++ type of the index dtype (i32 or i64).
-template <typename Body>
-void dispatch_index(DType dtype, Body&& body) {
-  if (dtype == DType::i64) {
-    body.template operator()<int64_t>();
-  } else {
-    body.template operator()<int32_t>();
-  }
-}
-
 Tensor embedding_cuda(const Tensor& indices, const Tensor& weight) {
   check_index_dtype(indices);
   const Device device = weight.device();
@@ -63,7 +53,7 @@ Tensor embedding_cuda(const Tensor& indices, const Tensor& weight) {
   {
     lockstep::cuda::OnDevice on(device);
     ops::dispatch_float("embedding", weight.dtype(), [&]<typename T>() {
-      dispatch_index(ic.dtype(), [&]<typename I>() {
+      ops::dispatch_index("embedding", ic.dtype(), [&]<typename I>() {
         ops::cuda::embedding_forward<T, I>(ic.data_ptr<I>(), count, w.data_ptr<T>(), vocab, dim, out.data_ptr<T>(),
                                            first_bad.data_ptr<int64_t>(), on.stream());
       });
@@ -81,7 +71,7 @@ Tensor embedding_cuda(const Tensor& indices, const Tensor& weight) {
     if (count == 0 || dim == 0) return std::vector<Tensor>{grad_w};
     lockstep::cuda::OnDevice on(grad.device());
     ops::dispatch_float("embedding", grad.dtype(), [&]<typename T>() {
-      dispatch_index(ic.dtype(), [&]<typename I>() {
+      ops::dispatch_index("embedding", ic.dtype(), [&]<typename I>() {
         const size_t bytes = ops::cuda::embedding_backward_scratch_bytes<I>(count, vocab);
         const Tensor scratch = Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, grad.device());
         ops::cuda::embedding_backward<T, I>(ic.data_ptr<I>(), count, grad.data_ptr<T>(), vocab, dim,

@@ -81,19 +81,9 @@ Tensor softmax_op(const char* op, const char* backward_name, const Tensor& x, in
   return y;
 }
 
-// Calls body.template operator()<L>() with L the C++ type of the label dtype (i32 or i64).
-template <typename Body>
-void dispatch_label(DType dtype, Body&& body) {
-  if (dtype == DType::i64) {
-    body.template operator()<int64_t>();
-  } else {
-    body.template operator()<int32_t>();
-  }
-}
-
 // The CPU checks every label before the kernel runs.
 void check_labels_on_host(const Tensor& lc, int64_t rows, int64_t classes) {
-  dispatch_label(lc.dtype(), [&]<typename L>() {
+  ops::dispatch_index("cross_entropy", lc.dtype(), [&]<typename L>() {
     const L* l = lc.data<L>();
     for (int64_t i = 0; i < rows; ++i) {
       LOCKSTEP_CHECK(l[i] >= 0 && l[i] < classes)
@@ -107,7 +97,7 @@ void cross_entropy_cpu(const Tensor& xc, const Tensor& lc, Reduction reduction, 
                        const Tensor& out) {
   const int64_t rows = xc.size(0), classes = xc.size(1);
   ops::dispatch_float("cross_entropy", xc.dtype(), [&]<typename T>() {
-    dispatch_label(lc.dtype(), [&]<typename L>() {
+    ops::dispatch_index("cross_entropy", lc.dtype(), [&]<typename L>() {
       cpu::cross_entropy<T, L>(xc.data<T>(), lc.data<L>(), rows, classes, losses.data<T>(), lse.data<T>());
     });
     if (reduction != Reduction::none) {
@@ -126,7 +116,7 @@ void cross_entropy_backward_cpu(const Tensor& x_saved, const Tensor& lc, const T
     if (reduction == Reduction::mean) scalar /= static_cast<T>(rows);
     const T* scale = reduction == Reduction::none ? grad.data<T>() : &scalar;
     const int64_t stride = reduction == Reduction::none ? 1 : 0;
-    dispatch_label(lc.dtype(), [&]<typename L>() {
+    ops::dispatch_index("cross_entropy", lc.dtype(), [&]<typename L>() {
       cpu::cross_entropy_backward<T, L>(x_saved.data<T>(), lc.data<L>(), lse.data<T>(), scale, stride, rows, classes,
                                         grad_x.data<T>());
     });
@@ -143,7 +133,7 @@ void cross_entropy_cuda(const Tensor& xc, const Tensor& lc, Reduction reduction,
   {
     lockstep::cuda::OnDevice on(xc.device());
     ops::dispatch_float("cross_entropy", xc.dtype(), [&]<typename T>() {
-      dispatch_label(lc.dtype(), [&]<typename L>() {
+      ops::dispatch_index("cross_entropy", lc.dtype(), [&]<typename L>() {
         ops::cuda::cross_entropy_forward<T, L>(xc.data_ptr<T>(), lc.data_ptr<L>(), rows, classes, losses.data_ptr<T>(),
                                                lse.data_ptr<T>(), first_bad.data_ptr<int64_t>(), on.stream());
       });
@@ -168,7 +158,7 @@ void cross_entropy_backward_cuda(const Tensor& x_saved, const Tensor& lc, const 
     // Per-row scale: the incoming gradient of that row's loss (one value for a reduction).
     const int64_t stride = reduction == Reduction::none ? 1 : 0;
     const T divisor = reduction == Reduction::mean ? static_cast<T>(rows) : T(1);
-    dispatch_label(lc.dtype(), [&]<typename L>() {
+    ops::dispatch_index("cross_entropy", lc.dtype(), [&]<typename L>() {
       ops::cuda::cross_entropy_backward<T, L>(x_saved.data_ptr<T>(), lc.data_ptr<L>(), lse.data_ptr<T>(),
                                               grad.data_ptr<T>(), stride, divisor, rows, classes, grad_x.data_ptr<T>(),
                                               on.stream());

@@ -75,16 +75,22 @@ void skip_words(Philox& rng, const ops::cuda::PhiloxPosition& at, uint64_t words
   for (uint64_t i = 0; i < end % 4; ++i) rng.next_u32();
 }
 
-// Fills t on its GPU with launch(out, n, position, stream), element i reading words
-// words_per_element · i onwards from rng's next word, then moves rng past them all.
-template <typename Launch>
-void fill_on_gpu(const char* op, const Tensor& t, Philox& rng, uint64_t words_per_element, const Launch& launch) {
+// The GPU's fills, ops::cuda::uniform_fill and normal_fill; both take the CPU fill's two
+// parameters (low and high, or mean and stddev).
+enum class GpuFill { uniform, normal };
+
+// Fills t on its GPU, element i reading the words from words_per_element · i onwards from
+// rng's next word, then moves rng past them all.
+void fill_on_gpu(const char* op, const Tensor& t, Philox& rng, GpuFill fill, double a, double b) {
   if (t.numel() == 0) return;
+  const uint64_t words_per_element = fill == GpuFill::uniform ? 2 : 4;  // one double, or Box-Muller's two
   const ops::cuda::PhiloxPosition at = next_position(rng);
   write_dense(t, [&](const Tensor& dense) {
     const lockstep::cuda::OnDevice on(dense.device());
-    ops::dispatch_float(op, t.dtype(),
-                        [&]<typename T>() { launch(dense.data_ptr<T>(), dense.numel(), at, on.stream()); });
+    ops::dispatch_float(op, t.dtype(), [&]<typename T>() {
+      const auto launch = fill == GpuFill::uniform ? ops::cuda::uniform_fill<T> : ops::cuda::normal_fill<T>;
+      launch(dense.data_ptr<T>(), dense.numel(), at, a, b, kHostMultiplyAdd, on.stream());
+    });
   });
   skip_words(rng, at, words_per_element * static_cast<uint64_t>(t.numel()));
 }
@@ -97,13 +103,7 @@ void uniform_(const Tensor& t, double low, double high, Philox& rng) {
       << "uniform_: needs finite low < high, got [" << low << ", " << high << ")";
   check_fill("uniform_", t);
 #if LOCKSTEP_HAVE_CUDA
-  if (t.device().is_cuda()) {
-    fill_on_gpu("uniform_", t, rng, 2,
-                [&]<typename T>(T* out, int64_t n, const ops::cuda::PhiloxPosition& at, cudaStream_t stream) {
-                  ops::cuda::uniform_fill<T>(out, n, at, low, high, kHostMultiplyAdd, stream);
-                });
-    return;
-  }
+  if (t.device().is_cuda()) return fill_on_gpu("uniform_", t, rng, GpuFill::uniform, low, high);
 #endif
   fill_in_order("uniform_", t, [&]<typename T>() {
     const T value = static_cast<T>(low + (high - low) * rng.next_double());
@@ -117,13 +117,7 @@ void normal_(const Tensor& t, double mean, double stddev, Philox& rng) {
       << "normal_: needs a finite mean and a finite stddev >= 0, got mean " << mean << ", stddev " << stddev;
   check_fill("normal_", t);
 #if LOCKSTEP_HAVE_CUDA
-  if (t.device().is_cuda()) {
-    fill_on_gpu("normal_", t, rng, 4,
-                [&]<typename T>(T* out, int64_t n, const ops::cuda::PhiloxPosition& at, cudaStream_t stream) {
-                  ops::cuda::normal_fill<T>(out, n, at, mean, stddev, kHostMultiplyAdd, stream);
-                });
-    return;
-  }
+  if (t.device().is_cuda()) return fill_on_gpu("normal_", t, rng, GpuFill::normal, mean, stddev);
 #endif
   fill_in_order("normal_", t, [&]<typename T>() { return static_cast<T>(mean + stddev * rng.next_normal()); });
 }

@@ -3,7 +3,6 @@
 // gradient broadcast back over the reduced axes).
 #include "lockstep/ops/reduce.h"
 
-#include <algorithm>
 #include <string>
 
 #include "lockstep/autograd/node.h"
@@ -28,50 +27,25 @@ void check_input(const char* op, const Tensor& x) {
 #if LOCKSTEP_HAVE_CUDA
 ops::cuda::ShapeRef shape_ref(const Shape& shape) { return {shape.data(), static_cast<int>(shape.size())}; }
 
-// cpu::sum_axes on a GPU, with the same plan: neighbouring axes of the same kind merged
-// (size-1 axes are neither), then one sum_middle pass per reduced group, last group first,
-// through scratch tensors on the device. x is contiguous; out receives the kept axes.
+// cpu::sum_axes on a GPU, with the same passes (cpu::plan_sum_axes), through scratch tensors
+// on the device. x is contiguous; out receives the kept axes.
 template <typename T>
 void cuda_sum_axes(const Tensor& x, const std::vector<bool>& reduce, const Tensor& out) {
-  std::vector<int64_t> sizes;
-  std::vector<bool> reduced;
-  for (size_t a = 0; a < x.shape().size(); ++a) {
-    const int64_t size = x.shape()[a];
-    if (size == 1) continue;
-    if (!sizes.empty() && reduced.back() == reduce[a]) {
-      sizes.back() *= size;
-    } else {
-      sizes.push_back(size);
-      reduced.push_back(reduce[a]);
-    }
-  }
-  int64_t groups = std::count(reduced.begin(), reduced.end(), true);
-  if (groups == 0) {
+  const std::vector<cpu::SumPass> passes = cpu::plan_sum_axes(x.shape(), reduce);
+  if (passes.empty()) {
     out.copy_from(x.as_strided(out.shape(), contiguous_strides(out.shape()), x.offset()));
     return;
   }
   const lockstep::cuda::OnDevice on(x.device());
   Tensor src = x;
-  for (; groups > 0; --groups) {
-    size_t g = reduced.size();
-    while (!reduced[--g]) {
-    }
-    int64_t outer = 1, inner = 1;
-    for (size_t i = 0; i < g; ++i) outer *= sizes[i];
-    for (size_t i = g + 1; i < sizes.size(); ++i) inner *= sizes[i];
-    const Tensor dst = groups > 1 ? Tensor::empty({outer * inner}, x.dtype(), x.device()) : out;
-    const int64_t scratch = ops::cuda::sum_middle_workspace(outer, sizes[g], inner);
+  for (size_t p = 0; p < passes.size(); ++p) {
+    const cpu::SumPass& pass = passes[p];
+    const Tensor dst = p + 1 < passes.size() ? Tensor::empty({pass.outer * pass.inner}, x.dtype(), x.device()) : out;
+    const int64_t scratch = ops::cuda::sum_middle_workspace(pass.outer, pass.n, pass.inner);
     const Tensor workspace = scratch > 0 ? Tensor::empty({scratch}, x.dtype(), x.device()) : Tensor();
-    ops::cuda::sum_middle<T>(src.data_ptr<T>(), outer, sizes[g], inner, dst.data_ptr<T>(),
+    ops::cuda::sum_middle<T>(src.data_ptr<T>(), pass.outer, pass.n, pass.inner, dst.data_ptr<T>(),
                              scratch > 0 ? workspace.data_ptr<T>() : nullptr, on.stream());
     src = dst;
-    sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(g));
-    reduced.erase(reduced.begin() + static_cast<std::ptrdiff_t>(g));
-    if (g > 0 && g < sizes.size()) {  // the kept neighbours now touch
-      sizes[g - 1] *= sizes[g];
-      sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(g));
-      reduced.erase(reduced.begin() + static_cast<std::ptrdiff_t>(g));
-    }
   }
 }
 #endif

@@ -1,9 +1,8 @@
 #include "lockstep/optim/sgd.h"
 
-#include <type_traits>
-
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/dispatch.h"
+#include "lockstep/optim/with_flag.h"
 
 #if LOCKSTEP_HAVE_CUDA
 #include "lockstep/core/cuda/runtime.h"
@@ -39,16 +38,6 @@ void sgd_loop(T* p, const T* g, T* buf, int64_t begin, int64_t end, T weight_dec
       }
     }
     p[i] = p[i] + neg_lr * d;  // param.add_(grad, alpha=-lr)
-  }
-}
-
-// Calls body(std::bool_constant<flag>{}).
-template <typename Body>
-void with_flag(bool flag, Body&& body) {
-  if (flag) {
-    body(std::true_type{});
-  } else {
-    body(std::false_type{});
   }
 }
 

@@ -23,13 +23,9 @@ Plan make_plan(const Conv2dShape& s) {
   constexpr int64_t kChunkElements = int64_t{1} << 17;
   // Partial weight gradients held at once, at most: 8 slots or 16M elements in all.
   constexpr int64_t kMaxSlots = 8, kMaxPartialElements = int64_t{1} << 24;
-  Plan plan;
-  if (s.batch == 0) return plan;
-  const int64_t per_sample = (s.rows() + s.out_channels) * s.win.out_plane();
-  const int64_t most = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(per_sample, 1));
-  const int64_t chunks = (s.batch + most - 1) / most;
-  plan.samples = (s.batch + chunks - 1) / chunks;  // even chunks rather than a small last one
-  plan.chunks = (s.batch + plan.samples - 1) / plan.samples;
+  const BatchChunks cut = cut_batch(s, kChunkElements);
+  Plan plan{cut.samples, cut.chunks};
+  if (plan.chunks == 0) return plan;
   const int64_t weight_elements = std::max<int64_t>(1, s.out_channels * s.rows());
   plan.slots = std::clamp<int64_t>(kMaxPartialElements / weight_elements, 1, std::min(kMaxSlots, plan.chunks));
   return plan;
@@ -110,6 +106,17 @@ void backward_chunk(const T* x, const T* w, const T* dy, T* dx, T* dw_partial, d
 }
 
 }  // namespace
+
+BatchChunks cut_batch(const Conv2dShape& s, int64_t max_elements) {
+  BatchChunks cut;
+  if (s.batch == 0) return cut;
+  const int64_t per_sample = (s.rows() + s.out_channels) * s.win.out_plane();
+  const int64_t most = std::max<int64_t>(1, max_elements / std::max<int64_t>(per_sample, 1));
+  const int64_t chunks = (s.batch + most - 1) / most;
+  cut.samples = (s.batch + chunks - 1) / chunks;  // even chunks rather than a small last one
+  cut.chunks = (s.batch + cut.samples - 1) / cut.samples;
+  return cut;
+}
 
 template <typename T>
 void conv2d_forward(const T* x, const T* w, const T* bias, T* y, const Conv2dShape& s, Device device) {

@@ -17,6 +17,15 @@ struct Conv2dShape {
   int64_t rows() const { return in_channels * win.kernel_area(); }  // C·KH·KW, the GEMM inner size
 };
 
+// The batch cut into `chunks` chunks of `samples` images (the last may hold fewer), as even
+// as can be, so that one chunk's column matrix [C·KH·KW, samples·P] plus its GEMM output
+// [O, samples·P] hold at most max_elements (one image per chunk when a single image holds
+// more). The cut depends on the shape alone; an empty batch has no chunks.
+struct BatchChunks {
+  int64_t samples = 1, chunks = 0;
+};
+BatchChunks cut_batch(const Conv2dShape& s, int64_t max_elements);
+
 // y[N, O, OH, OW] = conv(x[N, C, H, W], w[O, C, KH, KW]) + bias[O] (bias may be null).
 // Workspace comes from `device`'s allocator.
 template <typename T>

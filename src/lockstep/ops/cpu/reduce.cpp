@@ -99,9 +99,7 @@ void sum_middle(const T* x, int64_t outer, int64_t n, int64_t inner, T* out) {
   });
 }
 
-template <typename T>
-void sum_axes(const T* x, const Shape& shape, const std::vector<bool>& reduce, T* out) {
-  // Merge neighbouring axes of the same kind; size-1 axes are neither.
+std::vector<SumPass> plan_sum_axes(const Shape& shape, const std::vector<bool>& reduce) {
   std::vector<int64_t> sizes;
   std::vector<bool> reduced;
   for (size_t a = 0; a < shape.size(); ++a) {
@@ -113,28 +111,15 @@ void sum_axes(const T* x, const Shape& shape, const std::vector<bool>& reduce, T
       reduced.push_back(reduce[a]);
     }
   }
-  int64_t groups = std::count(reduced.begin(), reduced.end(), true);
-  if (groups == 0) {
-    std::copy_n(x, numel(shape), out);
-    return;
-  }
-  // One pass per reduced group, last group first, through scratch buffers.
-  std::vector<T> buffers[2];
-  const T* src = x;
-  for (int pass = 0; groups > 0; ++pass, --groups) {
+  std::vector<SumPass> passes;
+  for (int64_t groups = std::count(reduced.begin(), reduced.end(), true); groups > 0; --groups) {
     size_t g = reduced.size();
     while (!reduced[--g]) {
     }
     int64_t outer = 1, inner = 1;
     for (size_t i = 0; i < g; ++i) outer *= sizes[i];
     for (size_t i = g + 1; i < sizes.size(); ++i) inner *= sizes[i];
-    T* dst = out;
-    if (groups > 1) {
-      buffers[pass % 2].resize(static_cast<size_t>(outer * inner));
-      dst = buffers[pass % 2].data();
-    }
-    sum_middle(src, outer, sizes[g], inner, dst);
-    src = dst;
+    passes.push_back({outer, sizes[g], inner});
     sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(g));
     reduced.erase(reduced.begin() + static_cast<std::ptrdiff_t>(g));
     if (g > 0 && g < sizes.size()) {  // the kept neighbours now touch
@@ -142,6 +127,29 @@ void sum_axes(const T* x, const Shape& shape, const std::vector<bool>& reduce, T
       sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(g));
       reduced.erase(reduced.begin() + static_cast<std::ptrdiff_t>(g));
     }
+  }
+  return passes;
+}
+
+template <typename T>
+void sum_axes(const T* x, const Shape& shape, const std::vector<bool>& reduce, T* out) {
+  const std::vector<SumPass> passes = plan_sum_axes(shape, reduce);
+  if (passes.empty()) {
+    std::copy_n(x, numel(shape), out);
+    return;
+  }
+  // Every pass but the last writes a scratch buffer.
+  std::vector<T> buffers[2];
+  const T* src = x;
+  for (size_t p = 0; p < passes.size(); ++p) {
+    const SumPass& pass = passes[p];
+    T* dst = out;
+    if (p + 1 < passes.size()) {
+      buffers[p % 2].resize(static_cast<size_t>(pass.outer * pass.inner));
+      dst = buffers[p % 2].data();
+    }
+    sum_middle(src, pass.outer, pass.n, pass.inner, dst);
+    src = dst;
   }
 }
 

@@ -34,6 +34,18 @@ void sum_middle(const T* x, int64_t outer, int64_t n, int64_t inner, T* out);
 template <typename T>
 void sum_axes(const T* x, const Shape& shape, const std::vector<bool>& reduce, T* out);
 
+// One pass of sum_axes: its input viewed as [outer, n, inner], summed over the middle axis
+// into [outer, inner].
+struct SumPass {
+  int64_t outer, n, inner;
+};
+
+// sum_axes's passes, from the shape alone (ops/reduce.cpp runs the same passes on a GPU):
+// neighbouring axes of the same kind merged (size-1 axes are neither), then one pass per
+// reduced group, last group first, each pass reading the previous pass's output. None when
+// no axis longer than 1 is reduced: out is then a copy of x.
+std::vector<SumPass> plan_sum_axes(const Shape& shape, const std::vector<bool>& reduce);
+
 // Max along the middle axis of [outer, n, inner] (n >= 1): the value (when values is not
 // null) and the index of its first occurrence; a nan counts as the largest value.
 template <typename T>

@@ -6,6 +6,8 @@
 #include "lockstep/core/cuda/check.h"
 #include "lockstep/core/error.h"
 #include "lockstep/ops/cuda/conv_kernels.h"
+#include "lockstep/ops/cuda/shared_tree_sum.cuh"
+#include "lockstep/ops/cuda/window2d_device.cuh"
 
 namespace lockstep::ops::cuda {
 namespace {
@@ -13,35 +15,6 @@ namespace {
 using lockstep::cuda::grid_for;
 
 constexpr int kThreads = 256;
-
-// Window2d's numbers in the index type the kernel computes with: 32-bit where every index
-// fits (integer division is several times cheaper), else 64-bit.
-template <typename I>
-struct Geometry {
-  I in_h, in_w, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, out_h, out_w;
-};
-
-template <typename I>
-Geometry<I> geometry(const cpu::Window2d& w) {
-  return {static_cast<I>(w.in_h),     static_cast<I>(w.in_w),     static_cast<I>(w.kernel_h),
-          static_cast<I>(w.kernel_w), static_cast<I>(w.stride_h), static_cast<I>(w.stride_w),
-          static_cast<I>(w.pad_h),    static_cast<I>(w.pad_w),    static_cast<I>(w.out_h),
-          static_cast<I>(w.out_w)};
-}
-
-// Whether 32-bit indices hold every index a kernel forms, with room for the last grid-stride
-// step past the end (at most grid_for's 65535·8 blocks of kThreads).
-bool fits_int32(int64_t largest) { return largest <= INT_MAX / 2; }
-
-// A grid-stride loop's first index and step, in the kernel's index type.
-template <typename I>
-__device__ I first_index() {
-  return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-}
-template <typename I>
-__device__ I grid_stride() {
-  return static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
-}
 
 // One thread per (channel, column): the KH·KW rows of that column, written with consecutive
 // threads on consecutive columns.
@@ -121,11 +94,7 @@ __global__ void channel_sums_kernel(const T* y, int64_t count, int64_t channels,
     total += static_cast<double>(y[(image * channels + o) * plane + p]);
   }
   partial[threadIdx.x] = total;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
+  shared_tree_sum<kThreads>(partial);
   if (threadIdx.x == 0) sums[o] = static_cast<T>(partial[0]);
 }
 
@@ -140,15 +109,12 @@ void im2col(const T* x, int64_t count, int64_t channels, const cpu::Window2d& wi
   LOCKSTEP_CHECK(ld >= columns) << "im2col on a GPU: leading dimension " << ld << " is shorter than the " << columns
                                 << " columns";
   const int64_t largest = std::max(count * channels * win.in_plane(), channels * win.kernel_area() * ld);
-  if (fits_int32(largest)) {
-    im2col_kernel<T, int32_t><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-        x, static_cast<int32_t>(channels), geometry<int32_t>(win), col, static_cast<int32_t>(ld),
-        static_cast<int32_t>(columns), static_cast<int32_t>(total));
-  } else {
-    im2col_kernel<T, int64_t><<<grid_for(total, kThreads), kThreads, 0, stream>>>(x, channels, geometry<int64_t>(win),
-                                                                                  col, ld, columns, total);
-  }
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_with_index_type(largest, [&](auto index) {
+    using I = decltype(index);
+    im2col_kernel<T, I><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+        x, static_cast<I>(channels), geometry<I>(win), col, static_cast<I>(ld), static_cast<I>(columns),
+        static_cast<I>(total));
+  });
 }
 
 template <typename T>
@@ -159,15 +125,11 @@ void col2im(const T* col, int64_t ld, int64_t count, int64_t channels, const cpu
   LOCKSTEP_CHECK(ld >= count * win.out_plane()) << "col2im on a GPU: leading dimension " << ld
                                                 << " is shorter than the " << count * win.out_plane() << " columns";
   const int64_t largest = std::max(total, channels * win.kernel_area() * ld);
-  if (fits_int32(largest)) {
-    col2im_kernel<T, int32_t><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-        col, static_cast<int32_t>(ld), static_cast<int32_t>(channels), geometry<int32_t>(win), x,
-        static_cast<int32_t>(total));
-  } else {
-    col2im_kernel<T, int64_t>
-        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(col, ld, channels, geometry<int64_t>(win), x, total);
-  }
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_with_index_type(largest, [&](auto index) {
+    using I = decltype(index);
+    col2im_kernel<T, I><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+        col, static_cast<I>(ld), static_cast<I>(channels), geometry<I>(win), x, static_cast<I>(total));
+  });
 }
 
 template <typename T>
@@ -176,15 +138,11 @@ void columns_to_nchw(const T* mat, const T* bias, int64_t count, int64_t channel
   const int64_t total = count * channels * plane;
   if (total == 0) return;
   const int64_t ld = count * plane;
-  if (fits_int32(total)) {
-    columns_to_nchw_kernel<T, int32_t><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-        mat, bias, static_cast<int32_t>(channels), static_cast<int32_t>(plane), static_cast<int32_t>(ld), y,
-        static_cast<int32_t>(total));
-  } else {
-    columns_to_nchw_kernel<T, int64_t>
-        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(mat, bias, channels, plane, ld, y, total);
-  }
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_with_index_type(total, [&](auto index) {
+    using I = decltype(index);
+    columns_to_nchw_kernel<T, I><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+        mat, bias, static_cast<I>(channels), static_cast<I>(plane), static_cast<I>(ld), y, static_cast<I>(total));
+  });
 }
 
 template <typename T>
@@ -192,15 +150,11 @@ void nchw_to_columns(const T* y, int64_t count, int64_t channels, int64_t plane,
   const int64_t total = count * channels * plane;
   if (total == 0) return;
   const int64_t ld = count * plane;
-  if (fits_int32(total)) {
-    nchw_to_columns_kernel<T, int32_t><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-        y, static_cast<int32_t>(channels), static_cast<int32_t>(plane), static_cast<int32_t>(ld), mat,
-        static_cast<int32_t>(total));
-  } else {
-    nchw_to_columns_kernel<T, int64_t>
-        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(y, channels, plane, ld, mat, total);
-  }
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_with_index_type(total, [&](auto index) {
+    using I = decltype(index);
+    nchw_to_columns_kernel<T, I><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+        y, static_cast<I>(channels), static_cast<I>(plane), static_cast<I>(ld), mat, static_cast<I>(total));
+  });
 }
 
 template <typename T>

@@ -5,69 +5,35 @@
 
 #include "lockstep/core/cuda/check.h"
 #include "lockstep/ops/cuda/norm_kernels.h"
+#include "lockstep/ops/cuda/row_reduce.cuh"
 
 namespace lockstep::ops::cuda {
 namespace {
 
-constexpr int kBlock = 256;
-constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = kBlock / kWarp;
-// Rows up to this long get one warp each (at most 32 elements a lane); longer rows a block.
-constexpr int64_t kWarpRowLimit = 1024;
-
 // The parameter gradients: a block covers kTileColumns columns of one chunk of rows, its
 // kRowLanes rows of threads taking every kRowLanes-th row of the chunk.
 constexpr int kTileColumns = 32;
-constexpr int kRowLanes = kBlock / kTileColumns;
+constexpr int kRowLanes = kRowBlock / kTileColumns;
 // Chunks hold at least kMinChunkRows rows and there are at most kMaxChunks of them: enough
 // blocks to fill a GPU, and a partials buffer that stays small. Both depend on rows alone.
 constexpr int64_t kMinChunkRows = 64;
 constexpr int64_t kMaxChunks = 512;
 
-// A butterfly over the 32 lanes: the same tree every call, the same total in every lane.
-__device__ double warp_sum(double v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// The total over the kGroup threads that share a row (a warp, or the whole block: the
-// warps' totals added in warp order). Every thread of the group calls it and gets the total.
-template <int kGroup>
-__device__ double group_sum(double v, double* scratch) {
-  v = warp_sum(v);
-  if constexpr (kGroup == kWarp) {
-    (void)scratch;
-    return v;
-  } else {
-    static_assert(kGroup == kBlock, "a row belongs to a warp or to the whole block");
-    __syncthreads();  // the previous call's readers are done with scratch
-    if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
-    __syncthreads();
-    double total = scratch[0];
-    for (int w = 1; w < kWarpsPerBlock; ++w) total += scratch[w];
-    return total;
-  }
-}
-
-// kGroup threads per row, rows strided over the grid; the loop bound is the same for every
-// thread of a group, so block-wide sums are reached by all of its threads.
+// kGroup threads per row (a warp or the block).
 template <typename T, int kGroup>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kRowBlock)
     layer_norm_forward_kernel(const T* x, const T* w, const T* b, T* y, double* mean, double* rstd, int64_t rows,
                               int64_t dim, double eps) {
-  __shared__ double scratch[kWarpsPerBlock];
-  constexpr int kRowsPerBlock = kBlock / kGroup;
-  const int lane = static_cast<int>(threadIdx.x) % kGroup;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kGroup; row < rows; row += step) {
+  __shared__ double scratch[kWarpsPerRowBlock];
+  for_each_row<kGroup>(rows, [&](int64_t row, int lane) {
     const T* xr = x + row * dim;
     T* yr = y + row * dim;
     double s = 0;
     for (int64_t j = lane; j < dim; j += kGroup) s += static_cast<double>(xr[j]);
-    const double m = group_sum<kGroup>(s, scratch) / static_cast<double>(dim);
+    const double m = group_reduce<kGroup>(s, Sum(), scratch) / static_cast<double>(dim);
     double q = 0;
     for (int64_t j = lane; j < dim; j += kGroup) q += (xr[j] - m) * (xr[j] - m);
-    const double sd = 1.0 / sqrt(group_sum<kGroup>(q, scratch) / static_cast<double>(dim) + eps);
+    const double sd = 1.0 / sqrt(group_reduce<kGroup>(q, Sum(), scratch) / static_cast<double>(dim) + eps);
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = sd;
@@ -78,18 +44,15 @@ __global__ void __launch_bounds__(kBlock)
       if (b != nullptr) v += b[j];
       yr[j] = static_cast<T>(v);
     }
-  }
+  });
 }
 
 template <typename T, int kGroup>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kRowBlock)
     layer_norm_backward_input_kernel(const T* x, const T* w, const T* dy, const double* mean, const double* rstd, T* dx,
                                      int64_t rows, int64_t dim) {
-  __shared__ double scratch[kWarpsPerBlock];
-  constexpr int kRowsPerBlock = kBlock / kGroup;
-  const int lane = static_cast<int>(threadIdx.x) % kGroup;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kGroup; row < rows; row += step) {
+  __shared__ double scratch[kWarpsPerRowBlock];
+  for_each_row<kGroup>(rows, [&](int64_t row, int lane) {
     const T* xr = x + row * dim;
     const T* gr = dy + row * dim;
     const double m = mean[row], sd = rstd[row];
@@ -100,11 +63,11 @@ __global__ void __launch_bounds__(kBlock)
       sum_g += g;
       sum_gx += g * (xr[j] - m) * sd;
     }
-    const double a = group_sum<kGroup>(sum_g, scratch) / static_cast<double>(dim);
-    const double c = group_sum<kGroup>(sum_gx, scratch) / static_cast<double>(dim);
+    const double a = group_reduce<kGroup>(sum_g, Sum(), scratch) / static_cast<double>(dim);
+    const double c = group_reduce<kGroup>(sum_gx, Sum(), scratch) / static_cast<double>(dim);
     T* dxr = dx + row * dim;
     for (int64_t j = lane; j < dim; j += kGroup) dxr[j] = static_cast<T>(sd * (g_at(j) - a - (xr[j] - m) * sd * c));
-  }
+  });
 }
 
 int64_t rows_per_chunk(int64_t rows) {
@@ -120,7 +83,7 @@ int64_t chunk_count(int64_t rows) {
 // Block (column tile, chunk): each thread sums its rows of the chunk for one column, then
 // row lane 0 adds the kRowLanes sums in lane order and writes the chunk's partial.
 template <typename T>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kRowBlock)
     layer_norm_params_partial_kernel(const T* x, const T* dy, const double* mean, const double* rstd, int64_t rows,
                                      int64_t dim, int64_t chunk_rows, double* partial_w, double* partial_b) {
   __shared__ double lane_w[kRowLanes][kTileColumns];
@@ -167,37 +130,28 @@ __global__ void layer_norm_params_finish_kernel(const double* partial_w, const d
   }
 }
 
-// Blocks for `rows` rows of kGroup threads each (grid-stride beyond the cap).
-unsigned row_blocks(int64_t rows, int group) { return ::lockstep::cuda::grid_for(rows * group, kBlock); }
-
 }  // namespace
 
 template <typename T>
 void layer_norm_forward(const T* x, const T* w, const T* b, T* y, double* mean, double* rstd, int64_t rows, int64_t dim,
                         double eps, CUstream_st* stream) {
   if (rows == 0 || dim == 0) return;
-  if (dim <= kWarpRowLimit) {
-    layer_norm_forward_kernel<T, kWarp>
-        <<<row_blocks(rows, kWarp), kBlock, 0, stream>>>(x, w, b, y, mean, rstd, rows, dim, eps);
-  } else {
-    layer_norm_forward_kernel<T, kBlock>
-        <<<row_blocks(rows, kBlock), kBlock, 0, stream>>>(x, w, b, y, mean, rstd, rows, dim, eps);
-  }
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_by_row_length(dim, [&](auto group) {
+    constexpr int kGroup = decltype(group)::value;
+    layer_norm_forward_kernel<T, kGroup>
+        <<<row_blocks(rows, kGroup), kRowBlock, 0, stream>>>(x, w, b, y, mean, rstd, rows, dim, eps);
+  });
 }
 
 template <typename T>
 void layer_norm_backward_input(const T* x, const T* w, const T* dy, const double* mean, const double* rstd, T* dx,
                                int64_t rows, int64_t dim, CUstream_st* stream) {
   if (rows == 0 || dim == 0) return;
-  if (dim <= kWarpRowLimit) {
-    layer_norm_backward_input_kernel<T, kWarp>
-        <<<row_blocks(rows, kWarp), kBlock, 0, stream>>>(x, w, dy, mean, rstd, dx, rows, dim);
-  } else {
-    layer_norm_backward_input_kernel<T, kBlock>
-        <<<row_blocks(rows, kBlock), kBlock, 0, stream>>>(x, w, dy, mean, rstd, dx, rows, dim);
-  }
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_by_row_length(dim, [&](auto group) {
+    constexpr int kGroup = decltype(group)::value;
+    layer_norm_backward_input_kernel<T, kGroup>
+        <<<row_blocks(rows, kGroup), kRowBlock, 0, stream>>>(x, w, dy, mean, rstd, dx, rows, dim);
+  });
 }
 
 int64_t layer_norm_params_scratch(int64_t rows, int64_t dim) { return 2 * chunk_count(rows) * dim; }
@@ -216,7 +170,7 @@ void layer_norm_backward_params(const T* x, const T* dy, const double* mean, con
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
   }
   layer_norm_params_finish_kernel<T>
-      <<<::lockstep::cuda::grid_for(dim, kBlock), kBlock, 0, stream>>>(partial_w, partial_b, chunks, dim, dw, db);
+      <<<::lockstep::cuda::grid_for(dim, kRowBlock), kRowBlock, 0, stream>>>(partial_w, partial_b, chunks, dim, dw, db);
   LOCKSTEP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -148,54 +148,50 @@ void check_position(const PhiloxPosition& at) {
       << "random fill: first_word must be 0 to 3 (a word of a four-word Philox block), got " << at.first_word;
 }
 
+// Queues kernel(args...) on stream with enough blocks for `work` grid-stride items (nothing
+// when there are none), then checks the launch.
+template <typename... Params, typename... Args>
+void launch_over(int64_t work, CUstream_st* stream, void (*kernel)(Params...), const Args&... args) {
+  if (work <= 0) return;
+  kernel<<<grid_for(work, kThreads), kThreads, 0, stream>>>(args...);
+  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 void philox_blocks(uint64_t seed, uint64_t stream, uint64_t first_counter, int64_t count, uint32_t* out,
                    CUstream_st* cuda_stream) {
-  if (count <= 0) return;
-  philox_blocks_kernel<<<grid_for(count, kThreads), kThreads, 0, cuda_stream>>>(seed, stream, first_counter, count,
-                                                                                out);
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_over(count, cuda_stream, philox_blocks_kernel, seed, stream, first_counter, count, out);
 }
 
 template <typename T>
 void uniform_fill(T* out, int64_t n, const PhiloxPosition& at, double low, double high, MultiplyAdd rounding,
                   CUstream_st* stream) {
   check_position(at);
-  if (n <= 0) return;
   const T top = static_cast<T>(high);
   const T below_top = std::nextafter(top, static_cast<T>(low));
-  uniform_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, n, at, low, high - low, top, below_top,
-                                                                 rounding == MultiplyAdd::fused);
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_over(n, stream, uniform_kernel<T>, out, n, at, low, high - low, top, below_top,
+              rounding == MultiplyAdd::fused);
 }
 
 template <typename T>
 void normal_fill(T* out, int64_t n, const PhiloxPosition& at, double mean, double stddev, MultiplyAdd rounding,
                  CUstream_st* stream) {
   check_position(at);
-  if (n <= 0) return;
-  normal_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, n, at, mean, stddev,
-                                                                rounding == MultiplyAdd::fused);
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_over(n, stream, normal_kernel<T>, out, n, at, mean, stddev, rounding == MultiplyAdd::fused);
 }
 
 template <typename T>
 void dropout_forward(const T* x, int64_t samples, int64_t per_sample, uint64_t seed, uint64_t stream,
                      int64_t first_sample, uint32_t keep_threshold, T scale, uint8_t* mask, T* out,
                      CUstream_st* cuda_stream) {
-  const int64_t blocks = samples * ((per_sample + 3) / 4);
-  if (blocks <= 0) return;
-  dropout_forward_kernel<<<grid_for(blocks, kThreads), kThreads, 0, cuda_stream>>>(
-      x, samples, per_sample, seed, stream, first_sample, keep_threshold, scale, mask, out);
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_over(samples * ((per_sample + 3) / 4), cuda_stream, dropout_forward_kernel<T>, x, samples, per_sample, seed,
+              stream, first_sample, keep_threshold, scale, mask, out);
 }
 
 template <typename T>
 void dropout_apply(const T* in, const uint8_t* mask, int64_t n, T scale, T* out, CUstream_st* stream) {
-  if (n <= 0) return;
-  dropout_apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(in, mask, n, scale, out);
-  LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+  launch_over(n, stream, dropout_apply_kernel<T>, in, mask, n, scale, out);
 }
 
 #define LOCKSTEP_INSTANTIATE(T)                                                                                        \

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "lockstep/core/cuda/check.h"
+#include "lockstep/ops/cuda/shared_tree_sum.cuh"
 #include "lockstep/optim/cuda/norm_kernels.h"
 
 namespace lockstep::optim::cuda {
@@ -11,15 +12,6 @@ constexpr int kThreads = 256;  // a power of two: the shared-memory tree halves 
 constexpr int64_t kMaxBlocks = 1024;
 
 int64_t blocks_for(int64_t n) { return std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks); }
-
-// The block's kThreads values summed as a fixed tree; the result is in shared[0].
-__device__ void block_tree_sum(double* shared) {
-  __syncthreads();
-  for (int width = kThreads / 2; width > 0; width /= 2) {
-    if (static_cast<int>(threadIdx.x) < width) shared[threadIdx.x] += shared[threadIdx.x + width];
-    __syncthreads();
-  }
-}
 
 // partials[block] = the squares of the block's elements of a grid-stride walk, each thread
 // summing its own elements in index order, then the block's fixed tree.
@@ -33,7 +25,7 @@ __global__ void square_sum_blocks(const T* x, int64_t n, double* partials) {
     sum += value * value;
   }
   shared[threadIdx.x] = sum;
-  block_tree_sum(shared);
+  ops::cuda::shared_tree_sum<kThreads>(shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
 }
 
@@ -43,7 +35,7 @@ __global__ void sum_partials(const double* partials, int64_t count, double* out)
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < count; i += kThreads) sum += partials[i];
   shared[threadIdx.x] = sum;
-  block_tree_sum(shared);
+  ops::cuda::shared_tree_sum<kThreads>(shared);
   if (threadIdx.x == 0) *out = shared[0];
 }
 

@@ -1,7 +1,6 @@
-#include <type_traits>
-
 #include "lockstep/core/cuda/check.h"
 #include "lockstep/optim/cuda/optimizer_kernels.h"
+#include "lockstep/optim/with_flag.h"
 
 namespace lockstep::optim::cuda {
 namespace {
@@ -10,17 +9,6 @@ constexpr int kThreads = 256;
 
 __device__ float square_root(float x) { return sqrtf(x); }
 __device__ double square_root(double x) { return sqrt(x); }
-
-// Calls body(std::bool_constant<flag>{}), so each combination of options is a kernel with
-// its branches fixed at compile time, as in the CPU loops.
-template <typename Body>
-void with_flag(bool flag, Body&& body) {
-  if (flag) {
-    body(std::true_type{});
-  } else {
-    body(std::false_type{});
-  }
-}
 
 // sgd.cpp's sgd_loop, one element per thread, grid-stride.
 template <typename T, bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
