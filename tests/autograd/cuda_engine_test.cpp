@@ -11,22 +11,19 @@
 
 #include "lockstep/autograd/node.h"
 #include "lockstep/ops/ops.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::copy_to;
+using testing::leaf_on;
 using testing::random_f64;
 
 // Not a multiple of any block size, and more than one block of elements.
 const Shape kShape{3, 347};
-
-Tensor copy_to(const Tensor& values, DType dtype, Device device) {
-  Tensor out = Tensor::empty(values.shape(), dtype, device);
-  out.copy_from(values);
-  return out;
-}
 
 // An op whose output is a copy of its first input and whose backward returns the given
 // gradients (one per input, on the inputs' device) whatever it receives; what it receives
@@ -51,10 +48,9 @@ std::vector<double> add_in(DType dtype, const std::vector<double>& a, const std:
   return out;
 }
 
-class CudaEngine : public ::testing::TestWithParam<Device> {};
+class CudaEngine : public testing::DeviceTest {};
 
 TEST_P(CudaEngine, SumsGradientsFromSeveralConsumersAndIntoLeafGrad) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   for (DType dtype : {DType::f32, DType::f64}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -137,7 +133,6 @@ Gradients reference_gradients(const Tensor& x_values, const Tensor& w_values, co
 }
 
 TEST_P(CudaEngine, BackwardThroughASmallNetworkMatchesFloat64AndTheCpu) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor x_values = random_f64({5, 301}, 11);
   const Tensor w_values = random_f64({301, 70}, 12, -0.05, 0.05);
@@ -148,11 +143,7 @@ TEST_P(CudaEngine, BackwardThroughASmallNetworkMatchesFloat64AndTheCpu) {
     const Gradients expected =
         reference_gradients(copy_to(x_values, dtype, Device::cpu()), copy_to(w_values, dtype, Device::cpu()),
                             copy_to(b_values, dtype, Device::cpu()));
-    auto leaf = [&](const Tensor& values, Device where) {
-      Tensor t = copy_to(values, dtype, where);
-      t.set_requires_grad(true);
-      return t;
-    };
+    auto leaf = [&](const Tensor& values, Device where) { return leaf_on(values.to(dtype), where); };
     const Tensor x = leaf(x_values, device), w = leaf(w_values, device), b = leaf(b_values, device);
     const Tensor cpu_x = leaf(x_values, Device::cpu()), cpu_w = leaf(w_values, Device::cpu()),
                  cpu_b = leaf(b_values, Device::cpu());

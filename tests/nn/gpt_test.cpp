@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "lockstep/nn/init.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
+#include "testing/errors.h"
 #include "testing/torch_match.h"
 
 namespace lockstep {
@@ -24,6 +24,7 @@ namespace {
 
 using nn::Gpt;
 using nn::GptConfig;
+using testing::error_of;
 using testing::expect_matches;
 
 // The fixture's config (make_gpt_fixture.py's CONFIG).
@@ -42,15 +43,6 @@ Tensor some_tokens(int64_t rows, int64_t cols, int64_t vocab, uint64_t salt = 0)
     v = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(vocab));
   }
   return Tensor::from_vector(values, {rows, cols});
-}
-
-std::string thrown_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no Error thrown)";
 }
 
 TEST(GptTorch, LogitsLossAndGradientsMatchPytorch) {
@@ -178,22 +170,22 @@ TEST(GptErrors, ConfigsPresetsAndLongSequences) {
   EXPECT_EQ(big.width, 768);
   EXPECT_EQ(big.context, 1024);
   EXPECT_NO_THROW(nn::gpt_preset("small"));
-  const std::string unknown = thrown_message([] { nn::gpt_preset("huge"); });
+  const std::string unknown = error_of([] { nn::gpt_preset("huge"); });
   EXPECT_NE(unknown.find("'huge'"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("tiny, small, gpt2-124m"), std::string::npos) << unknown;
 
   GptConfig odd = fixture_config();
   odd.width = 30, odd.heads = 4;
-  const std::string heads = thrown_message([&] { Gpt model(odd); });
+  const std::string heads = error_of([&] { Gpt model(odd); });
   EXPECT_NE(heads.find("width 30 is not divisible by heads 4"), std::string::npos) << heads;
   GptConfig zero = fixture_config();
   zero.layers = 0;
-  EXPECT_NE(thrown_message([&] { Gpt model(zero); }).find("layers 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { Gpt model(zero); }).find("layers 0"), std::string::npos);
 
   Gpt model(fixture_config());
-  const std::string too_long = thrown_message([&] { model.forward(some_tokens(1, 17, 256)); });
+  const std::string too_long = error_of([&] { model.forward(some_tokens(1, 17, 256)); });
   EXPECT_NE(too_long.find("sequence length 17 exceeds the model's context 16"), std::string::npos) << too_long;
-  const std::string flat = thrown_message([&] { model.forward(Tensor::from_vector<int64_t>({1, 2}, {2})); });
+  const std::string flat = error_of([&] { model.forward(Tensor::from_vector<int64_t>({1, 2}, {2})); });
   EXPECT_NE(flat.find("[batch, time]"), std::string::npos) << flat;
 }
 
@@ -234,7 +226,7 @@ TEST(GptGenerate, SamplingIsReproduciblePerSeedAndPosition) {
   EXPECT_TRUE(std::equal(shorter.begin(), shorter.end(), a.begin()));
   // A near-zero temperature is the greedy choice.
   EXPECT_EQ(nn::generate(model, prompt, 8, 1e-6, 42), nn::generate(model, prompt, 8, 0.0, 42));
-  EXPECT_NE(thrown_message([&] { nn::generate(model, {}, 1, 1.0, 0); }).find("at least one token"), std::string::npos);
+  EXPECT_NE(error_of([&] { nn::generate(model, {}, 1, 1.0, 0); }).find("at least one token"), std::string::npos);
 }
 
 TEST(GptGenerate, SampleTokenFollowsTheTemperedSoftmax) {

@@ -4,76 +4,18 @@
 
 #include "lockstep/core/parallel.h"
 #include "testing/gradcheck.h"
+#include "testing/naive_conv.h"
 
 namespace lockstep {
 namespace {
 
+using testing::conv_out_size;
+using testing::ConvCase;
 using testing::expect_all_close;
 using testing::expect_gradients_match;
+using testing::naive_conv;
+using testing::NaiveConv;
 using testing::random_f64;
-
-struct ConvCase {
-  Shape x, w;
-  Pair stride, padding;
-};
-
-int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p) { return (in + 2 * p - k) / s + 1; }
-
-// Direct nested loops in f64: out[n, o, oh, ow] = b[o] + Σ x[n, c, ih, iw] · w[o, c, kh, kw].
-std::vector<double> naive_conv(const Tensor& x, const Tensor& w, const Tensor& b, Pair s, Pair p) {
-  const auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
-  const auto bv = b.defined() ? b.to_vector<double>() : std::vector<double>(static_cast<size_t>(w.size(0)), 0.0);
-  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t O = w.size(0), KH = w.size(2), KW = w.size(3);
-  const int64_t OH = out_size(H, KH, s[0], p[0]), OW = out_size(W, KW, s[1], p[1]);
-  std::vector<double> out;
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t oh = 0; oh < OH; ++oh)
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          double total = bv[static_cast<size_t>(o)];
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t kh = 0; kh < KH; ++kh)
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t ih = oh * s[0] - p[0] + kh, iw = ow * s[1] - p[1] + kw;
-                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                total += xv[static_cast<size_t>(((n * C + c) * H + ih) * W + iw)] *
-                         wv[static_cast<size_t>(((o * C + c) * KH + kh) * KW + kw)];
-              }
-          out.push_back(total);
-        }
-  return out;
-}
-
-// Gradients of Σ out · dy by the same loops: dx, dw, db.
-struct NaiveGrads {
-  std::vector<double> dx, dw, db;
-};
-
-NaiveGrads naive_conv_grads(const Tensor& x, const Tensor& w, const Tensor& dy, Pair s, Pair p) {
-  const auto xv = x.to_vector<double>(), wv = w.to_vector<double>(), gv = dy.to_vector<double>();
-  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t O = w.size(0), KH = w.size(2), KW = w.size(3), OH = dy.size(2), OW = dy.size(3);
-  NaiveGrads g{std::vector<double>(xv.size()), std::vector<double>(wv.size()), std::vector<double>(size_t(O))};
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t oh = 0; oh < OH; ++oh)
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          const double d = gv[static_cast<size_t>(((n * O + o) * OH + oh) * OW + ow)];
-          g.db[static_cast<size_t>(o)] += d;
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t kh = 0; kh < KH; ++kh)
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t ih = oh * s[0] - p[0] + kh, iw = ow * s[1] - p[1] + kw;
-                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                const size_t xi = static_cast<size_t>(((n * C + c) * H + ih) * W + iw);
-                const size_t wi = static_cast<size_t>(((o * C + c) * KH + kh) * KW + kw);
-                g.dx[xi] += d * wv[wi];
-                g.dw[wi] += d * xv[xi];
-              }
-        }
-  return g;
-}
 
 TEST(Conv2d, MatchesNaiveLoopsWithStrideAndPadding) {
   const std::vector<ConvCase> cases = {
@@ -87,13 +29,13 @@ TEST(Conv2d, MatchesNaiveLoopsWithStrideAndPadding) {
   for (const ConvCase& c : cases) {
     const Tensor x = random_f64(c.x, 1), w = random_f64(c.w, 2), b = random_f64({c.w[0]}, 3);
     const Tensor out = conv2d(x, w, b, c.stride, c.padding);
-    EXPECT_EQ(out.shape(), (Shape{c.x[0], c.w[0], out_size(c.x[2], c.w[2], c.stride[0], c.padding[0]),
-                                  out_size(c.x[3], c.w[3], c.stride[1], c.padding[1])}));
-    expect_all_close(out, naive_conv(x, w, b, c.stride, c.padding), 1e-12, 1e-12);
+    EXPECT_EQ(out.shape(), (Shape{c.x[0], c.w[0], conv_out_size(c.x[2], c.w[2], c.stride[0], c.padding[0]),
+                                  conv_out_size(c.x[3], c.w[3], c.stride[1], c.padding[1])}));
+    expect_all_close(out, naive_conv(x, w, b, Tensor(), c.stride, c.padding).out, 1e-12, 1e-12);
     // f32 without bias.
     const Tensor out32 = conv2d(x.to(DType::f32), w.to(DType::f32), Tensor(), c.stride, c.padding);
     EXPECT_EQ(out32.dtype(), DType::f32);
-    expect_all_close(out32, naive_conv(x, w, Tensor(), c.stride, c.padding), 1e-5, 1e-5);
+    expect_all_close(out32, naive_conv(x, w, Tensor(), Tensor(), c.stride, c.padding).out, 1e-5, 1e-5);
   }
 }
 
@@ -101,7 +43,8 @@ TEST(Conv2d, NonContiguousInputs) {
   const Tensor base = random_f64({2, 3, 6, 5}, 4);
   const Tensor x = base.as_strided({2, 3, 5, 6}, {90, 30, 1, 5}, 0);  // H and W swapped
   const Tensor w = random_f64({2, 3, 3, 3}, 5);
-  expect_all_close(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), naive_conv(x, w, Tensor(), {1, 1}, {1, 1}), 1e-12, 1e-12);
+  expect_all_close(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), naive_conv(x, w, Tensor(), Tensor(), {1, 1}, {1, 1}).out,
+                   1e-12, 1e-12);
 }
 
 // Large enough that the batch is cut into one-sample chunks (each its own GEMM), more chunks
@@ -115,10 +58,10 @@ TEST(Conv2d, ManyChunksMatchNaiveForwardAndBackward) {
   w.set_requires_grad(true);
   b.set_requires_grad(true);
   const Tensor out = conv2d(x, w, b, stride, padding);
-  expect_all_close(out, naive_conv(x32, w32, b32, stride, padding), 1e-5, 1e-5);
   const Tensor dy = testing::random_f32(out.shape(), 9);
+  const NaiveConv ref = naive_conv(x32, w32, b32, dy, stride, padding);
+  expect_all_close(out, ref.out, 1e-5, 1e-5);
   out.backward(dy);
-  const NaiveGrads ref = naive_conv_grads(x32, w32, dy, stride, padding);
   expect_all_close(x.grad(), ref.dx, 1e-5, 1e-5);
   expect_all_close(w.grad(), ref.dw, 1e-5, 1e-4);
   expect_all_close(b.grad(), ref.db, 1e-5, 1e-4);
@@ -148,7 +91,7 @@ TEST(Conv2d, SkipsInputGradientWhenInputNeedsNone) {
   const Tensor dy = random_f64(out.shape(), 15);
   out.backward(dy);
   EXPECT_FALSE(x.grad().defined());
-  expect_all_close(w.grad(), naive_conv_grads(x, w, dy, {1, 1}, {0, 0}).dw, 1e-12, 1e-12);
+  expect_all_close(w.grad(), naive_conv(x, w, Tensor(), dy, {1, 1}, {0, 0}).dw, 1e-12, 1e-12);
 }
 
 TEST(Conv2d, ResultsDoNotDependOnThreadCount) {

@@ -7,61 +7,22 @@
 #include <vector>
 
 #include "lockstep/ops/conv.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
+#include "testing/naive_conv.h"
 
 namespace lockstep {
 namespace {
 
+using testing::ConvCase;
 using testing::expect_all_close;
+using testing::leaf_on;
+using testing::naive_conv;
+using testing::NaiveConv;
 using testing::random_f64;
 
-class CudaConv : public ::testing::TestWithParam<Device> {};
-
-struct ConvCase {
-  Shape x, w;
-  Pair stride, padding;
-};
-
-int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p) { return (in + 2 * p - k) / s + 1; }
-
-// out[n, o, oh, ow] = b[o] + Σ x[n, c, ih, iw] · w[o, c, kh, kw], and the gradients of
-// Σ out · dy, by direct loops in float64.
-struct NaiveConv {
-  std::vector<double> out, dx, dw, db;
-};
-
-NaiveConv naive_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy, Pair s, Pair p) {
-  const auto xv = x.to_vector<double>(), wv = w.to_vector<double>(), gv = dy.to_vector<double>();
-  const auto bv = b.defined() ? b.to_vector<double>() : std::vector<double>(static_cast<size_t>(w.size(0)), 0.0);
-  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t O = w.size(0), KH = w.size(2), KW = w.size(3);
-  const int64_t OH = out_size(H, KH, s[0], p[0]), OW = out_size(W, KW, s[1], p[1]);
-  NaiveConv r{std::vector<double>(static_cast<size_t>(N * O * OH * OW)), std::vector<double>(xv.size()),
-              std::vector<double>(wv.size()), std::vector<double>(static_cast<size_t>(O))};
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t oh = 0; oh < OH; ++oh)
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          const size_t at = static_cast<size_t>(((n * O + o) * OH + oh) * OW + ow);
-          const double d = gv[at];
-          double total = bv[static_cast<size_t>(o)];
-          r.db[static_cast<size_t>(o)] += d;
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t kh = 0; kh < KH; ++kh)
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t ih = oh * s[0] - p[0] + kh, iw = ow * s[1] - p[1] + kw;
-                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                const size_t xi = static_cast<size_t>(((n * C + c) * H + ih) * W + iw);
-                const size_t wi = static_cast<size_t>(((o * C + c) * KH + kh) * KW + kw);
-                total += xv[xi] * wv[wi];
-                r.dx[xi] += d * wv[wi];
-                r.dw[wi] += d * xv[xi];
-              }
-          r.out[at] = total;
-        }
-  return r;
-}
+class CudaConv : public testing::DeviceTest {};
 
 struct Leaves {
   Tensor x, w, b;
@@ -69,11 +30,7 @@ struct Leaves {
 
 // Copies of the CPU tensors on `device`, each a leaf that requires grad (b may be undefined).
 Leaves leaves_on(Device device, const Tensor& x, const Tensor& w, const Tensor& b, bool x_grad = true) {
-  Leaves l{x.to(device).clone(), w.to(device).clone(), b.defined() ? b.to(device).clone() : Tensor()};
-  l.x.set_requires_grad(x_grad);
-  l.w.set_requires_grad(true);
-  if (l.b.defined()) l.b.set_requires_grad(true);
-  return l;
+  return {leaf_on(x, device, x_grad), leaf_on(w, device), b.defined() ? leaf_on(b, device) : Tensor()};
 }
 
 // Runs conv2d forward and backward on `device` and checks output and gradients against the
@@ -87,10 +44,9 @@ void check_case(Device device, const ConvCase& c, DType dtype, bool with_bias, u
   const Tensor dy = random_f64(out.shape(), seed + 3).to(dtype);
   out.backward(dy.to(device));
   const NaiveConv ref = naive_conv(x, w, b, dy, c.stride, c.padding);
-  const bool f32 = dtype == DType::f32;
-  const double rtol = f32 ? 1e-5 : 1e-12;
+  const double rtol = testing::reference_rtol(dtype);
   const int64_t reduced = c.w[1] * c.w[2] * c.w[3], pixels = out.numel() / c.w[0];
-  auto atol = [&](int64_t terms) { return (f32 ? 2e-6 : 1e-14) * static_cast<double>(terms + 1); };
+  auto atol = [&](int64_t terms) { return testing::sum_atol(dtype, terms); };
   SCOPED_TRACE("x " + shape_str(c.x) + " w " + shape_str(c.w) + " stride (" + std::to_string(c.stride[0]) + ", " +
                std::to_string(c.stride[1]) + ") padding (" + std::to_string(c.padding[0]) + ", " +
                std::to_string(c.padding[1]) + ") " + dtype_name(dtype) + (with_bias ? " with bias" : ""));
@@ -101,7 +57,6 @@ void check_case(Device device, const ConvCase& c, DType dtype, bool with_bias, u
 }
 
 TEST_P(CudaConv, MatchesFloat64LoopsWithStrideAndPadding) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const std::vector<ConvCase> cases = {
       {{2, 3, 7, 6}, {4, 3, 3, 3}, {1, 1}, {0, 0}},
       {{2, 3, 7, 6}, {4, 3, 3, 3}, {2, 2}, {1, 1}},
@@ -126,12 +81,10 @@ TEST_P(CudaConv, MatchesFloat64LoopsWithStrideAndPadding) {
 // are cut into chunks of two and one, so the weight gradient sums over chunks and the input
 // gradient and output are written chunk by chunk.
 TEST_P(CudaConv, BatchCutIntoChunksMatchesFloat64Loops) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   check_case(GetParam(), {{3, 4, 544, 544}, {2, 4, 3, 3}, {1, 1}, {1, 1}}, DType::f64, true, 100);
 }
 
 TEST_P(CudaConv, NonContiguousInputs) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Strides swap_hw = {90, 30, 1, 5}, swap_kernel = {27, 9, 1, 3};
   const Tensor x_storage = random_f64({2, 3, 6, 5}, 200), w_storage = random_f64({2, 3, 3, 3}, 201);
@@ -145,7 +98,6 @@ TEST_P(CudaConv, NonContiguousInputs) {
 }
 
 TEST_P(CudaConv, SkipsInputGradientWhenInputNeedsNone) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Tensor x = random_f64({2, 1, 6, 6}, 300), w = random_f64({3, 1, 3, 3}, 301);
   const Leaves l = leaves_on(GetParam(), x, w, Tensor(), false);
   const Tensor out = conv2d(l.x, l.w);
@@ -156,7 +108,6 @@ TEST_P(CudaConv, SkipsInputGradientWhenInputNeedsNone) {
 }
 
 TEST_P(CudaConv, EmptyBatchGivesZeroWeightAndBiasGradients) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Tensor x = Tensor::zeros({0, 2, 5, 5}, DType::f32), w = random_f64({3, 2, 3, 3}, 400).to(DType::f32);
   const Tensor b = random_f64({3}, 401).to(DType::f32);
   const Leaves l = leaves_on(GetParam(), x, w, b);
@@ -169,7 +120,6 @@ TEST_P(CudaConv, EmptyBatchGivesZeroWeightAndBiasGradients) {
 
 // Same inputs, same bits: every sum on the device has an order fixed by the shapes.
 TEST_P(CudaConv, RepeatsBitForBit) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   auto run = [&] {
     const Leaves l = leaves_on(GetParam(), testing::random_f32({8, 16, 20, 20}, 500),
                                testing::random_f32({12, 16, 3, 3}, 501), testing::random_f32({12}, 502));

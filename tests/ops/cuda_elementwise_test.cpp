@@ -11,27 +11,18 @@
 
 #include "lockstep/ops/elementwise.h"
 #include "lockstep/ops/shape_ops.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::leaf_on;
 using testing::random_f64;
+using testing::reference_rtol;
 
-class CudaElementwise : public ::testing::TestWithParam<Device> {};
-
-template <typename T>
-std::vector<T> host_values(const Tensor& t) {
-  return t.to(Device::cpu()).to_vector<T>();
-}
-
-// A fresh leaf on device holding t's values (to() hands back t itself on t's own device).
-Tensor leaf_on(const Tensor& t, Device device) {
-  Tensor leaf = t.to(device).detach();
-  leaf.set_requires_grad(true);
-  return leaf;
-}
+class CudaElementwise : public testing::DeviceTest {};
 
 // Row-major index into an operand of shape s (contiguous) for element `flat` of out_shape,
 // under NumPy broadcasting: missing and size-1 axes read index 0.
@@ -108,7 +99,7 @@ void expect_binary_ops_exact(Device device) {
       const Tensor out = c.op(a.to(device), b.to(device));
       ASSERT_EQ(out.device(), device);
       ASSERT_EQ(out.shape(), out_shape);
-      const auto got = host_values<T>(out);
+      const auto got = out.to_vector<T>();
       ASSERT_EQ(static_cast<int64_t>(got.size()), numel(out_shape));
       for (int64_t i = 0; i < numel(out_shape); ++i) {
         const T expected = c.apply(va[static_cast<size_t>(operand_index(shapes.a, out_shape, i))],
@@ -120,7 +111,6 @@ void expect_binary_ops_exact(Device device) {
 }
 
 TEST_P(CudaElementwise, BinaryOpsWithBroadcastingAreExactIeeeArithmetic) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_binary_ops_exact<float>(GetParam());
   expect_binary_ops_exact<double>(GetParam());
 }
@@ -174,8 +164,8 @@ void expect_binary_gradients(Device device) {
       ASSERT_TRUE(ad.grad().defined());
       ASSERT_TRUE(bd.grad().defined());
       ASSERT_EQ(ad.grad().device(), device);
-      const auto got_a = host_values<double>(ad.grad().to(DType::f64));
-      const auto got_b = host_values<double>(bd.grad().to(DType::f64));
+      const auto got_a = ad.grad().to_vector<double>();
+      const auto got_b = bd.grad().to_vector<double>();
       ASSERT_EQ(got_a.size(), ga.size());
       ASSERT_EQ(got_b.size(), gb.size());
       for (size_t k = 0; k < ga.size(); ++k) EXPECT_NEAR(got_a[k], ga[k], eps * (ga_abs[k] + 1e-2)) << "a " << k;
@@ -185,7 +175,6 @@ void expect_binary_gradients(Device device) {
 }
 
 TEST_P(CudaElementwise, BinaryGradientsSumOverTheBroadcastAxes) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_binary_gradients<float>(GetParam());
   expect_binary_gradients<double>(GetParam());
 }
@@ -212,18 +201,17 @@ void expect_scalar_ops_exact(Device device) {
     SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dtype_of<T>()));
     const Tensor xd = leaf_on(x, device);
     const Tensor out = c.op(xd);
-    const auto got = host_values<T>(out);
+    const auto got = out.to_vector<T>();
     for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(got[i], c.apply(v[i])) << "element " << i;
     // The gradient is alpha · g, and alpha is apply(1) - apply(0).
     out.backward(g.to(device));
     const T alpha = c.apply(T(1)) - c.apply(T(0));
-    const auto grad = host_values<T>(xd.grad());
+    const auto grad = xd.grad().to_vector<T>();
     for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(grad[i], alpha * vg[i]) << "element " << i;
   }
 }
 
 TEST_P(CudaElementwise, ScalarAddMultiplyAndNegateAreExact) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_scalar_ops_exact<float>(GetParam());
   expect_scalar_ops_exact<double>(GetParam());
 }
@@ -264,7 +252,7 @@ template <typename T>
 void expect_unary_ops_close(Device device) {
   // f32: the kernels' functions are within a few ulp; 1 - y² (tanh) and the sums in gelu's
   // derivative lose a little more in absolute terms.
-  const double rtol = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+  const double rtol = reference_rtol(dtype_of<T>());
   const double atol = std::is_same_v<T, float> ? 2e-6 : 1e-13;
   uint64_t seed = 200;
   for (const UnaryCase& c : unary_cases()) {
@@ -287,18 +275,16 @@ void expect_unary_ops_close(Device device) {
 }
 
 TEST_P(CudaElementwise, ActivationsAndTheirGradientsMatchFloat64) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_unary_ops_close<float>(GetParam());
   expect_unary_ops_close<double>(GetParam());
 }
 
 TEST_P(CudaElementwise, StridedInputsAndEmptyTensors) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   // A transposed view is read in its own element order.
   const Tensor x = random_f64({37, 53}, 300, -3, 3);
   const auto vx = x.to_vector<double>();
-  const auto got = host_values<double>(gelu(transpose(x.to(device), 0, 1)));
+  const auto got = gelu(transpose(x.to(device), 0, 1)).to_vector<double>();
   ASSERT_EQ(got.size(), vx.size());
   for (int64_t i = 0; i < 53; ++i)
     for (int64_t j = 0; j < 37; ++j) {
@@ -313,25 +299,24 @@ TEST_P(CudaElementwise, StridedInputsAndEmptyTensors) {
 }
 
 TEST_P(CudaElementwise, NanAndInfinityPassThroughLikeTheCpu) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const Tensor x = Tensor::from_vector<float>({nan, inf, -inf, 0.0f, -1.0f}, {5}, GetParam());
-  const auto r = host_values<float>(relu(x));
+  const auto r = relu(x).to_vector<float>();
   EXPECT_TRUE(std::isnan(r[0]));
   EXPECT_EQ(r[1], inf);
   EXPECT_EQ(r[2], 0.0f);
-  const auto e = host_values<float>(exp(x));
+  const auto e = exp(x).to_vector<float>();
   EXPECT_TRUE(std::isnan(e[0]));
   EXPECT_EQ(e[1], inf);
   EXPECT_EQ(e[2], 0.0f);
   EXPECT_EQ(e[3], 1.0f);
-  const auto t = host_values<float>(tanh(x));
+  const auto t = tanh(x).to_vector<float>();
   EXPECT_EQ(t[1], 1.0f);
   EXPECT_EQ(t[2], -1.0f);
-  const auto l = host_values<float>(log(x));
+  const auto l = log(x).to_vector<float>();
   EXPECT_EQ(l[3], -inf);
   EXPECT_TRUE(std::isnan(l[4]));
-  const auto g = host_values<float>(gelu(x));
+  const auto g = gelu(x).to_vector<float>();
   EXPECT_EQ(g[1], inf);
   EXPECT_EQ(g[3], 0.0f);
 }

@@ -5,43 +5,25 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "lockstep/ops/embedding.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
+#include "testing/errors.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::error_of;
+using testing::expect_close;
+using testing::expect_identical;
+using testing::leaf_on;
 using testing::random_f64;
-
-// A new leaf with t's values on device that requires grad (never t itself, which .to()
-// returns when t is already there).
-Tensor leaf_on(const Tensor& t, Device device) {
-  Tensor out = t.to(device).detach();
-  out.set_requires_grad(true);
-  return out;
-}
-
-// The same elements, bit for bit (through f64, which holds every f32 exactly).
-void expect_identical(const Tensor& actual, const Tensor& expected) {
-  ASSERT_EQ(actual.shape(), expected.shape());
-  const auto a = actual.to_vector<double>(), e = expected.to_vector<double>();
-  int64_t differ = 0, first = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] != e[i]) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++differ;
-    }
-  }
-  EXPECT_EQ(differ, 0) << differ << " of " << a.size() << " elements differ, the first at " << first << ": "
-                       << (first >= 0 ? a[static_cast<size_t>(first)] : 0.0) << " vs "
-                       << (first >= 0 ? e[static_cast<size_t>(first)] : 0.0);
-}
+using testing::reference_rtol;
 
 // Indices in [0, vocab), a third of them from a handful of rows so that rows repeat a lot.
 std::vector<int64_t> random_indices(int64_t count, int64_t vocab, uint64_t seed) {
@@ -64,10 +46,9 @@ EmbeddingResult run_embedding(const Tensor& indices, const Tensor& weight, const
   return {out.to(Device::cpu()), w.grad().to(Device::cpu())};
 }
 
-class CudaEmbedding : public ::testing::TestWithParam<Device> {};
+class CudaEmbedding : public testing::DeviceTest {};
 
 TEST_P(CudaEmbedding, GatherAndGradientMatchTheCpuBitForBit) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   struct Case {
     Shape indices;
@@ -107,18 +88,13 @@ TEST_P(CudaEmbedding, GatherAndGradientMatchTheCpuBitForBit) {
           }
         }
         testing::expect_all_close(actual.out, gather, 0, 0);
-        const double rtol = dtype == DType::f32 ? 1e-5 : 1e-12;
-        const auto got = actual.grad_weight.to_vector<double>();
-        int64_t bad = 0;
-        for (size_t i = 0; i < got.size(); ++i) bad += std::abs(got[i] - grad[i]) > rtol * (1 + std::abs(grad[i]));
-        EXPECT_EQ(bad, 0) << bad << " gradient elements differ from the f64 sums";
+        expect_close(actual.grad_weight, grad, reference_rtol(dtype), reference_rtol(dtype));
       }
     }
   }
 }
 
 TEST_P(CudaEmbedding, StridedAndScalarIndices) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor weight = random_f64({9, 5}, 3);
   const Tensor base = Tensor::from_vector<int64_t>({8, 0, 3, 3, 1, 7, 2, 8, 5, 4, 6, 0}, {3, 4});
@@ -131,7 +107,6 @@ TEST_P(CudaEmbedding, StridedAndScalarIndices) {
 }
 
 TEST_P(CudaEmbedding, NoIndices) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   Tensor w = leaf_on(random_f64({6, 4}, 5), device);
   const Tensor out = embedding(Tensor::zeros({2, 0}, DType::i64, device), w);
@@ -141,7 +116,6 @@ TEST_P(CudaEmbedding, NoIndices) {
 }
 
 TEST_P(CudaEmbedding, RunsAreBitIdentical) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor indices = Tensor::from_vector(random_indices(2048, 50257, 9), {8, 256});
   const Tensor weight = random_f64({50257, 48}, 10).to(DType::f32);
@@ -151,17 +125,7 @@ TEST_P(CudaEmbedding, RunsAreBitIdentical) {
   expect_identical(first.grad_weight, second.grad_weight);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST_P(CudaEmbedding, IndexOutsideTheTableIsAnErrorNamingIt) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor weight = Tensor::zeros({5, 3}, DType::f32, device);
   for (DType index_dtype : {DType::i64, DType::i32}) {

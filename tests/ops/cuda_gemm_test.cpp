@@ -11,6 +11,7 @@
 #include "lockstep/core/cuda_device.h"
 #include "lockstep/ops/cpu/gemm.h"
 #include "lockstep/ops/linalg.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
 
@@ -22,9 +23,12 @@ namespace lockstep {
 namespace {
 
 using testing::expect_all_close;
+using testing::leaf_on;
 using testing::random_f64;
+using testing::reference_rtol;
+using testing::sum_atol;
 
-class CudaGemm : public ::testing::TestWithParam<Device> {};
+class CudaGemm : public testing::DeviceTest {};
 
 struct GemmCase {
   bool trans_a, trans_b;
@@ -159,19 +163,16 @@ void check_gemm_cases(Device device, int64_t batch, double tolerance) {
 }
 
 TEST_P(CudaGemm, EveryTransposeMatchesFloat64Loops) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   check_gemm_cases<float>(GetParam(), 1, 1e-5);
   check_gemm_cases<double>(GetParam(), 1, 1e-12);
 }
 
 TEST_P(CudaGemm, StridedBatchesMatchFloat64Loops) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   check_gemm_cases<float>(GetParam(), 3, 1e-5);
   check_gemm_cases<double>(GetParam(), 3, 1e-12);
 }
 
 TEST_P(CudaGemm, EmptyInnerDimensionScalesC) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const GemmCase c{false, false, 5, 7, 0};
   const Tensor a = Tensor::zeros({1}, DType::f32, device), b = Tensor::zeros({1}, DType::f32, device);
@@ -211,27 +212,18 @@ MatmulRef naive_matmul(const std::vector<double>& a, const std::vector<double>& 
   return r;
 }
 
-// Absolute tolerance for sums of k products of values in [-1, 1].
-double atol_for(DType dtype, int64_t k) { return (dtype == DType::f32 ? 2e-6 : 1e-14) * static_cast<double>(k + 1); }
-double rtol_for(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-12; }
-
-// A leaf on `device` holding `values` (logical order) with the given view: `transposed`
-// stores the last two axes swapped and returns the transposed view of that storage.
-Tensor leaf_on(Device device, const Tensor& values, bool transposed) {
-  Tensor stored = values;
-  if (transposed) {
-    const int64_t d = values.dim();
-    Shape shape = values.shape();
-    std::swap(shape[static_cast<size_t>(d - 1)], shape[static_cast<size_t>(d - 2)]);
-    Tensor swapped = Tensor::empty(shape, values.dtype());
-    Strides strides = swapped.strides();
-    std::swap(strides[static_cast<size_t>(d - 1)], strides[static_cast<size_t>(d - 2)]);
-    swapped.as_strided(values.shape(), strides, 0).copy_from(values);
-    Tensor on_device = swapped.to(device);
-    stored = on_device.as_strided(values.shape(), strides, 0);
-  } else {
-    stored = values.to(device);
-  }
+// A leaf on `device` holding `values` (logical order); `transposed` stores the last two axes
+// swapped and returns the transposed view of that storage.
+Tensor operand_on(Device device, const Tensor& values, bool transposed) {
+  if (!transposed) return leaf_on(values, device);
+  const int64_t d = values.dim();
+  Shape shape = values.shape();
+  std::swap(shape[static_cast<size_t>(d - 1)], shape[static_cast<size_t>(d - 2)]);
+  Tensor swapped = Tensor::empty(shape, values.dtype());
+  Strides strides = swapped.strides();
+  std::swap(strides[static_cast<size_t>(d - 1)], strides[static_cast<size_t>(d - 2)]);
+  swapped.as_strided(values.shape(), strides, 0).copy_from(values);
+  Tensor stored = swapped.to(device).as_strided(values.shape(), strides, 0);
   stored.set_requires_grad(true);
   return stored;
 }
@@ -243,7 +235,6 @@ struct MatmulCase {
 };
 
 TEST_P(CudaGemm, MatmulAndGradientsMatchFloat64Loops) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const MatmulCase cases[] = {
       {0, 37, 29, 53, false, false, false}, {0, 37, 29, 53, false, true, false}, {0, 37, 29, 53, false, false, true},
@@ -258,7 +249,7 @@ TEST_P(CudaGemm, MatmulAndGradientsMatchFloat64Loops) {
       const Shape b_shape = c.b_shared ? Shape{c.k, c.n} : c.batch ? Shape{c.batch, c.k, c.n} : Shape{c.k, c.n};
       const Tensor a_values = random_f64(a_shape, ++seed).to(dtype);
       const Tensor b_values = random_f64(b_shape, ++seed).to(dtype);
-      const Tensor a = leaf_on(device, a_values, c.trans_a), b = leaf_on(device, b_values, c.trans_b);
+      const Tensor a = operand_on(device, a_values, c.trans_a), b = operand_on(device, b_values, c.trans_b);
       const Tensor out = matmul(a, b);
       ASSERT_EQ(out.device(), device);
       const Tensor g = random_f64(out.shape(), ++seed).to(dtype);
@@ -267,9 +258,9 @@ TEST_P(CudaGemm, MatmulAndGradientsMatchFloat64Loops) {
                                          g.to_vector<double>(), batch, c.m, c.k, c.n, c.b_shared);
       SCOPED_TRACE(shape_str(a_shape) + " @ " + shape_str(b_shape) + (c.trans_a ? " A viewed transposed" : "") +
                    (c.trans_b ? " B viewed transposed" : "") + " " + dtype_name(dtype));
-      expect_all_close(out.to(Device::cpu()), ref.out, rtol_for(dtype), atol_for(dtype, c.k));
-      expect_all_close(a.grad().to(Device::cpu()), ref.grad_a, rtol_for(dtype), atol_for(dtype, c.n));
-      expect_all_close(b.grad().to(Device::cpu()), ref.grad_b, rtol_for(dtype), atol_for(dtype, batch * c.m));
+      expect_all_close(out.to(Device::cpu()), ref.out, reference_rtol(dtype), sum_atol(dtype, c.k));
+      expect_all_close(a.grad().to(Device::cpu()), ref.grad_a, reference_rtol(dtype), sum_atol(dtype, c.n));
+      expect_all_close(b.grad().to(Device::cpu()), ref.grad_b, reference_rtol(dtype), sum_atol(dtype, batch * c.m));
     }
   }
 }
@@ -277,7 +268,6 @@ TEST_P(CudaGemm, MatmulAndGradientsMatchFloat64Loops) {
 // Batches whose entries are not evenly spaced BLAS matrices, or that all share one matrix
 // (batch stride 0), take the copying path; padded batch strides stay views.
 TEST_P(CudaGemm, MatmulOfOddlyStridedBatches) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const int64_t batch = 3, m = 5, k = 7, n = 4;
   const Tensor a_base = random_f64({m * k}, 40).to(device);
@@ -302,7 +292,6 @@ TEST_P(CudaGemm, MatmulOfOddlyStridedBatches) {
 }
 
 TEST_P(CudaGemm, MatmulWithAnEmptyInnerDimensionIsZero) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor a = Tensor::zeros({2, 3, 0}, DType::f32, device), b = Tensor::zeros({2, 0, 4}, DType::f32, device);
   EXPECT_EQ(matmul(a, b).to_vector<double>(), std::vector<double>(24, 0.0));
@@ -314,15 +303,14 @@ TEST_P(CudaGemm, MatmulWithAnEmptyInnerDimensionIsZero) {
 }
 
 TEST_P(CudaGemm, LinearAndGradientsMatchFloat64Loops) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const int64_t in = 37, out_features = 29;
   for (DType dtype : {DType::f32, DType::f64}) {
     const Tensor x_values = random_f64({3, 5, in}, 50).to(dtype);
     const Tensor w_values = random_f64({out_features, in}, 51).to(dtype);
     const Tensor b_values = random_f64({out_features}, 52).to(dtype);
-    const Tensor x = leaf_on(device, x_values, false), w = leaf_on(device, w_values, false);
-    const Tensor b = leaf_on(device, b_values, false);
+    const Tensor x = operand_on(device, x_values, false), w = operand_on(device, w_values, false);
+    const Tensor b = operand_on(device, b_values, false);
     const Tensor y = linear(x, w, b);
     EXPECT_EQ(y.shape(), (Shape{3, 5, out_features}));
     const Tensor g = random_f64(y.shape(), 53).to(dtype);
@@ -345,20 +333,19 @@ TEST_P(CudaGemm, LinearAndGradientsMatchFloat64Loops) {
       for (int64_t i = 0; i < in; ++i)
         grad_w[static_cast<size_t>(o * in + i)] = ref.grad_b[static_cast<size_t>(i * out_features + o)];
     SCOPED_TRACE(dtype_name(dtype));
-    expect_all_close(y.to(Device::cpu()), expected, rtol_for(dtype), atol_for(dtype, in));
-    expect_all_close(x.grad().to(Device::cpu()), ref.grad_a, rtol_for(dtype), atol_for(dtype, out_features));
-    expect_all_close(w.grad().to(Device::cpu()), grad_w, rtol_for(dtype), atol_for(dtype, 15));
-    expect_all_close(b.grad().to(Device::cpu()), grad_b, rtol_for(dtype), atol_for(dtype, 15));
+    expect_all_close(y.to(Device::cpu()), expected, reference_rtol(dtype), sum_atol(dtype, in));
+    expect_all_close(x.grad().to(Device::cpu()), ref.grad_a, reference_rtol(dtype), sum_atol(dtype, out_features));
+    expect_all_close(w.grad().to(Device::cpu()), grad_w, reference_rtol(dtype), sum_atol(dtype, 15));
+    expect_all_close(b.grad().to(Device::cpu()), grad_b, reference_rtol(dtype), sum_atol(dtype, 15));
   }
 }
 
 // Same inputs, same bits: the handle's fixed workspace keeps cuBLAS's choice of algorithm.
 TEST_P(CudaGemm, ProductsRepeatBitForBit) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   auto run = [&] {
-    const Tensor a = leaf_on(device, random_f64({8, 96, 200}, 60).to(DType::f32), false);
-    const Tensor b = leaf_on(device, random_f64({8, 200, 72}, 61).to(DType::f32), true);
+    const Tensor a = operand_on(device, random_f64({8, 96, 200}, 60).to(DType::f32), false);
+    const Tensor b = operand_on(device, random_f64({8, 200, 72}, 61).to(DType::f32), true);
     const Tensor out = matmul(a, b);
     out.backward(random_f64(out.shape(), 62).to(DType::f32).to(device));
     return std::vector<std::vector<float>>{out.to_vector<float>(), a.grad().to_vector<float>(),
@@ -371,7 +358,6 @@ TEST_P(CudaGemm, ProductsRepeatBitForBit) {
 // TF32 rounds the products' inputs to a 10-bit mantissa: results stay within that precision
 // of the float64 product, and switching it back off restores full f32.
 TEST_P(CudaGemm, Tf32StaysWithinItsPrecision) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   struct Tf32 {
     explicit Tf32(bool on) : saved(cuda::allow_tf32()) { cuda::set_allow_tf32(on); }
@@ -388,7 +374,7 @@ TEST_P(CudaGemm, Tf32StaysWithinItsPrecision) {
     expect_all_close(matmul(a.to(device), b.to(device)).to(Device::cpu()), ref.out, 0, 2e-3 * std::sqrt(double(k)));
   }
   Tf32 off(false);
-  expect_all_close(matmul(a.to(device), b.to(device)).to(Device::cpu()), ref.out, 1e-5, atol_for(DType::f32, k));
+  expect_all_close(matmul(a.to(device), b.to(device)).to(Device::cpu()), ref.out, 1e-5, sum_atol(DType::f32, k));
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, CudaGemm, LOCKSTEP_TEST_DEVICES);

@@ -12,44 +12,21 @@
 #include <vector>
 
 #include "lockstep/ops/loss.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
+#include "testing/errors.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::error_of;
+using testing::expect_close;
+using testing::expect_identical;
+using testing::leaf_on;
+using testing::max_abs;
 using testing::random_f64;
-
-// Every element of actual within atol + rtol · |expected|; reports the count and the worst.
-void expect_close(const Tensor& actual, const Tensor& expected, double rtol, double atol) {
-  ASSERT_EQ(actual.shape(), expected.shape());
-  const auto a = actual.to_vector<double>();
-  const auto e = expected.to_vector<double>();
-  int64_t bad = 0, worst = -1;
-  double worst_excess = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double excess = std::abs(a[i] - e[i]) - (atol + rtol * std::abs(e[i]));
-    if (excess > 0 || std::isnan(a[i]) != std::isnan(e[i])) {
-      ++bad;
-      if (worst < 0 || excess > worst_excess) {
-        worst = static_cast<int64_t>(i);
-        worst_excess = excess;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0) << bad << " of " << a.size() << " elements differ; worst at " << worst << ": "
-                    << (worst >= 0 ? a[static_cast<size_t>(worst)] : 0.0) << " vs "
-                    << (worst >= 0 ? e[static_cast<size_t>(worst)] : 0.0);
-}
-
-// The same elements, bit for bit (through f64, which holds every f32 exactly).
-void expect_identical(const Tensor& a, const Tensor& b) {
-  ASSERT_EQ(a.shape(), b.shape());
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  int64_t differ = 0;
-  for (size_t i = 0; i < x.size(); ++i) differ += !(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])));
-  EXPECT_EQ(differ, 0) << differ << " of " << x.size() << " elements differ between two identical runs";
-}
+using testing::reference_rtol;
 
 // Random labels in [0, classes) of the given dtype, on the CPU.
 Tensor random_labels(int64_t rows, int64_t classes, DType dtype, uint64_t seed) {
@@ -60,32 +37,14 @@ Tensor random_labels(int64_t rows, int64_t classes, DType dtype, uint64_t seed) 
   return Tensor::from_vector(values, {rows}).to(dtype);
 }
 
-// A new leaf that requires grad, with t's values on device: never t itself, which .to()
-// returns when t is already there.
-Tensor leaf_on(const Tensor& t, Device device) {
-  Tensor out = t.to(device).detach();
-  out.set_requires_grad(true);
-  return out;
-}
-
-double rtol_of(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-12; }
-
-// The largest |element|, for absolute tolerances that scale with the values.
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector<double>()) m = std::max(m, std::abs(v));
-  return m;
-}
-
 struct SoftmaxCase {
   Shape shape;
   int64_t axis;
 };
 
-class CudaLoss : public ::testing::TestWithParam<Device> {};
+class CudaLoss : public testing::DeviceTest {};
 
 TEST_P(CudaLoss, SoftmaxAndLogSoftmaxMatchFloat64ForwardAndBackward) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const std::vector<SoftmaxCase> cases = {
       {{5, 37}, -1},     // a warp per row, rows shorter than a warp's sweep
@@ -119,7 +78,7 @@ TEST_P(CudaLoss, SoftmaxAndLogSoftmaxMatchFloat64ForwardAndBackward) {
         y.backward(host_g.to(device));
         ASSERT_TRUE(x.grad().defined());
         EXPECT_EQ(x.grad().device(), device);
-        const double rtol = rtol_of(dtype);
+        const double rtol = reference_rtol(dtype);
         // Log-probabilities carry the rounding of x - max and of the log of the sum: absolute
         // errors of the size of the largest value; probabilities are accurate relative to each.
         expect_close(y.to(Device::cpu()), reference_y, rtol, log ? rtol * max_abs(reference_y) : rtol * 1e-3);
@@ -130,7 +89,6 @@ TEST_P(CudaLoss, SoftmaxAndLogSoftmaxMatchFloat64ForwardAndBackward) {
 }
 
 TEST_P(CudaLoss, SoftmaxOfLargeAndMaskedLogits) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const float inf = std::numeric_limits<float>::infinity();
   // Large logits need the max subtracted; -inf entries (a causal mask) get probability 0.
@@ -151,7 +109,6 @@ TEST_P(CudaLoss, SoftmaxOfLargeAndMaskedLogits) {
 }
 
 TEST_P(CudaLoss, CrossEntropyMatchesFloat64ForEveryReductionAndLabelType) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   struct Case {
     int64_t rows, classes;
@@ -178,7 +135,7 @@ TEST_P(CudaLoss, CrossEntropyMatchesFloat64ForEveryReductionAndLabelType) {
           const Tensor loss = cross_entropy(x, labels.to(device), reduction);
           EXPECT_EQ(loss.device(), device);
           loss.backward(host_g.to(device));
-          const double rtol = rtol_of(dtype);
+          const double rtol = reference_rtol(dtype);
           // A row's loss is lse - logit, a difference of values as large as the logits.
           expect_close(loss.to(Device::cpu()), reference_loss, rtol, rtol * max_abs(host_x));
           expect_close(x.grad().to(Device::cpu()), reference_x.grad(), rtol, rtol * max_abs(reference_x.grad()));
@@ -189,7 +146,6 @@ TEST_P(CudaLoss, CrossEntropyMatchesFloat64ForEveryReductionAndLabelType) {
 }
 
 TEST_P(CudaLoss, CrossEntropyOverAGpt2Vocabulary) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const int64_t rows = 48, classes = 50257;
   const Tensor host_x = random_f64({rows, classes}, 7, -8, 8).to(DType::f32);
@@ -205,7 +161,6 @@ TEST_P(CudaLoss, CrossEntropyOverAGpt2Vocabulary) {
 }
 
 TEST_P(CudaLoss, StridedLogitsAndLabels) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor base = random_f64({5, 8}, 6).to(device);
   const Tensor logits = base.as_strided({4, 5}, {2, 8}, 1);  // base[:, 1::2].T
@@ -219,7 +174,6 @@ TEST_P(CudaLoss, StridedLogitsAndLabels) {
 }
 
 TEST_P(CudaLoss, EmptyBatch) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor logits = Tensor::zeros({0, 7}, DType::f32, device);
   const Tensor labels = Tensor::zeros({0}, DType::i64, device);
@@ -229,7 +183,6 @@ TEST_P(CudaLoss, EmptyBatch) {
 }
 
 TEST_P(CudaLoss, RunsAreBitIdentical) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor host_x = random_f64({333, 2500}, 21, -6, 6).to(DType::f32);
   const Tensor labels = random_labels(333, 2500, DType::i32, 22).to(device);
@@ -246,17 +199,7 @@ TEST_P(CudaLoss, RunsAreBitIdentical) {
   for (size_t i = 0; i < first.size(); ++i) expect_identical(first[i], second[i]);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST_P(CudaLoss, LabelOutOfRangeIsAnErrorNamingIt) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor logits = Tensor::zeros({6, 5}, DType::f32, device);
   for (DType label_dtype : {DType::i64, DType::i32}) {

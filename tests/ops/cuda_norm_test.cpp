@@ -8,53 +8,22 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "lockstep/ops/norm.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::expect_close;
+using testing::expect_identical;
+using testing::leaf_on;
+using testing::max_abs;
 using testing::random_f64;
-
-// Every element of actual within atol + rtol · |expected|; reports the count and the worst.
-void expect_close(const Tensor& actual, const Tensor& expected, double rtol, double atol) {
-  ASSERT_EQ(actual.shape(), expected.shape());
-  const auto a = actual.to_vector<double>();
-  const auto e = expected.to_vector<double>();
-  int64_t bad = 0, worst = -1;
-  double worst_excess = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double excess = std::abs(a[i] - e[i]) - (atol + rtol * std::abs(e[i]));
-    if (excess > 0 || std::isnan(a[i]) != std::isnan(e[i])) {
-      ++bad;
-      if (worst < 0 || excess > worst_excess) {
-        worst = static_cast<int64_t>(i);
-        worst_excess = excess;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0) << bad << " of " << a.size() << " elements differ; worst at " << worst << ": "
-                    << (worst >= 0 ? a[static_cast<size_t>(worst)] : 0.0) << " vs "
-                    << (worst >= 0 ? e[static_cast<size_t>(worst)] : 0.0);
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector<double>()) m = std::max(m, std::abs(v));
-  return m;
-}
-
-// A new leaf with t's values on device (never t itself, which .to() returns when t is
-// already there), requiring grad when asked.
-Tensor leaf_on(const Tensor& t, Device device, bool requires_grad = true) {
-  Tensor out = t.to(device).detach();
-  out.set_requires_grad(requires_grad);
-  return out;
-}
+using testing::reference_rtol;
 
 struct NormCase {
   Shape input;
@@ -87,10 +56,9 @@ NormResult run_layer_norm(const NormCase& c, const Tensor& x, const Tensor& w, c
   return r;
 }
 
-class CudaLayerNorm : public ::testing::TestWithParam<Device> {};
+class CudaLayerNorm : public testing::DeviceTest {};
 
 TEST_P(CudaLayerNorm, MatchesFloat64ForwardAndBackward) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const std::vector<NormCase> cases = {
       {{5, 7}, {7}, true, true, 1e-5},         // a warp per row, short rows
@@ -116,7 +84,7 @@ TEST_P(CudaLayerNorm, MatchesFloat64ForwardAndBackward) {
       // The reference: the CPU op in f64 on the same (already rounded) values.
       const NormResult expected = run_layer_norm(c, x, w, b, dy, Device::cpu(), DType::f64, true);
       const NormResult actual = run_layer_norm(c, x, w, b, dy, device, dtype, true);
-      const double rtol = dtype == DType::f32 ? 1e-5 : 1e-12;
+      const double rtol = reference_rtol(dtype);
       expect_close(actual.y, expected.y, rtol, rtol * max_abs(expected.y));
       expect_close(actual.dx, expected.dx, rtol, rtol * max_abs(expected.dx));
       if (c.weight) expect_close(actual.dw, expected.dw, rtol, rtol * max_abs(expected.dw));
@@ -126,7 +94,6 @@ TEST_P(CudaLayerNorm, MatchesFloat64ForwardAndBackward) {
 }
 
 TEST_P(CudaLayerNorm, OnlyTheParametersNeedGradients) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const NormCase c{{70, 33}, {33}, true, true, 1e-5};
   const Tensor x = random_f64(c.input, 41, -2, 2), w = random_f64(c.normalized, 42), b = random_f64(c.normalized, 43);
@@ -139,7 +106,6 @@ TEST_P(CudaLayerNorm, OnlyTheParametersNeedGradients) {
 }
 
 TEST_P(CudaLayerNorm, ConstantRowsNormalizeToTheBias) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   // Variance 0: rstd = 1/sqrt(eps), and x - mean is exactly 0, so y is the bias.
   const Tensor x = Tensor::full({3, 1100}, 2.5, DType::f32, device);
@@ -149,7 +115,6 @@ TEST_P(CudaLayerNorm, ConstantRowsNormalizeToTheBias) {
 }
 
 TEST_P(CudaLayerNorm, RunsAreBitIdentical) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const NormCase c{{4099, 200}, {200}, true, true, 1e-5};
   const Tensor x = random_f64(c.input, 51, -3, 3).to(DType::f32);
@@ -157,15 +122,10 @@ TEST_P(CudaLayerNorm, RunsAreBitIdentical) {
   const Tensor dy = random_f64(c.input, 54).to(DType::f32);
   const NormResult first = run_layer_norm(c, x, w, b, dy, device, DType::f32, true);
   const NormResult second = run_layer_norm(c, x, w, b, dy, device, DType::f32, true);
-  const std::vector<std::pair<Tensor, Tensor>> pairs = {
-      {first.y, second.y}, {first.dx, second.dx}, {first.dw, second.dw}, {first.db, second.db}};
-  for (const auto& [one, other] : pairs) {
-    const auto u = one.to_vector<double>(), v = other.to_vector<double>();
-    ASSERT_EQ(u.size(), v.size());
-    int64_t differ = 0;
-    for (size_t i = 0; i < u.size(); ++i) differ += u[i] != v[i];
-    EXPECT_EQ(differ, 0) << differ << " of " << u.size() << " elements differ between two identical runs";
-  }
+  expect_identical(first.y, second.y);
+  expect_identical(first.dx, second.dx);
+  expect_identical(first.dw, second.dw);
+  expect_identical(first.db, second.db);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, CudaLayerNorm, LOCKSTEP_TEST_DEVICES);

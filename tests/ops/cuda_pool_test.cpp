@@ -9,54 +9,22 @@
 #include <vector>
 
 #include "lockstep/ops/conv.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
+#include "testing/naive_pool.h"
 
 namespace lockstep {
 namespace {
 
 using testing::expect_all_close;
+using testing::leaf_on;
+using testing::naive_pool;
+using testing::NaivePool;
+using testing::PoolCase;
 using testing::random_f64;
 
-class CudaPool : public ::testing::TestWithParam<Device> {};
-
-struct PoolCase {
-  Shape x;
-  Pair kernel, stride, padding;
-};
-
-// Direct loops over [N, C, H, W]: the max (the first one in row-major window order on ties)
-// and the mean with padding counted in the divisor, with the gradients of Σ out · dy.
-struct NaivePool {
-  std::vector<double> max, avg, max_grad, avg_grad;
-};
-
-NaivePool naive_pool(const Tensor& x, const Tensor& dy, Pair k, Pair s, Pair p) {
-  const auto xv = x.to_vector<double>(), gv = dy.to_vector<double>();
-  const int64_t planes = x.numel() / (x.size(-2) * x.size(-1)), H = x.size(-2), W = x.size(-1);
-  const int64_t OH = (H + 2 * p[0] - k[0]) / s[0] + 1, OW = (W + 2 * p[1] - k[1]) / s[1] + 1;
-  NaivePool r{{}, {}, std::vector<double>(xv.size()), std::vector<double>(xv.size())};
-  for (int64_t pl = 0; pl < planes; ++pl)
-    for (int64_t oh = 0; oh < OH; ++oh)
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const double d = gv[static_cast<size_t>((pl * OH + oh) * OW + ow)];
-        double best = -std::numeric_limits<double>::infinity(), total = 0;
-        size_t best_at = 0;
-        for (int64_t kh = 0; kh < k[0]; ++kh)
-          for (int64_t kw = 0; kw < k[1]; ++kw) {
-            const int64_t ih = oh * s[0] - p[0] + kh, iw = ow * s[1] - p[1] + kw;
-            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-            const size_t at = static_cast<size_t>((pl * H + ih) * W + iw);
-            total += xv[at];
-            r.avg_grad[at] += d / static_cast<double>(k[0] * k[1]);
-            if (xv[at] > best) best = xv[at], best_at = at;
-          }
-        r.max.push_back(best);
-        r.avg.push_back(total / static_cast<double>(k[0] * k[1]));
-        r.max_grad[best_at] += d;
-      }
-  return r;
-}
+class CudaPool : public testing::DeviceTest {};
 
 const std::vector<PoolCase> kCases = {
     {{2, 3, 8, 8}, {2, 2}, {0, 0}, {0, 0}},  // the CPU's 2x2 fast path
@@ -77,9 +45,7 @@ void check_pools(Device device, const PoolCase& c, const Tensor& x, uint64_t see
   SCOPED_TRACE("x " + shape_str(c.x) + " kernel (" + std::to_string(c.kernel[0]) + ", " + std::to_string(c.kernel[1]) +
                ") stride (" + std::to_string(stride[0]) + ", " + std::to_string(stride[1]) + ") padding (" +
                std::to_string(c.padding[0]) + ", " + std::to_string(c.padding[1]) + ") " + dtype_name(dtype));
-  Tensor x_max = x.to(device).clone(), x_avg = x.to(device).clone();
-  x_max.set_requires_grad(true);
-  x_avg.set_requires_grad(true);
+  const Tensor x_max = leaf_on(x, device), x_avg = leaf_on(x, device);
   const Tensor max_out = max_pool2d(x_max, c.kernel, c.stride, c.padding);
   const Tensor avg_out = avg_pool2d(x_avg, c.kernel, c.stride, c.padding);
   ASSERT_EQ(max_out.device(), device);
@@ -94,7 +60,6 @@ void check_pools(Device device, const PoolCase& c, const Tensor& x, uint64_t see
 }
 
 TEST_P(CudaPool, MatchesFloat64LoopsForwardAndBackward) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   uint64_t seed = 1;
   for (const PoolCase& c : kCases) {
     for (DType dtype : {DType::f32, DType::f64}) {
@@ -107,7 +72,6 @@ TEST_P(CudaPool, MatchesFloat64LoopsForwardAndBackward) {
 // Values from {0, 1, 2}: most windows hold ties, and the first maximum in row-major window
 // order must win (so its pixel gets the gradient), as on the CPU.
 TEST_P(CudaPool, TiesGoToTheFirstMaximum) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   uint64_t seed = 50;
   for (const PoolCase& c : kCases) {
     Tensor x = random_f64(c.x, ++seed, 0.0, 3.0);
@@ -118,7 +82,6 @@ TEST_P(CudaPool, TiesGoToTheFirstMaximum) {
 }
 
 TEST_P(CudaPool, NaNWinsItsWindow) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const Tensor with_nan = Tensor::from_vector<float>({1, nan, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3}, device);
@@ -139,12 +102,10 @@ TEST_P(CudaPool, NaNWinsItsWindow) {
 }
 
 TEST_P(CudaPool, RepeatsBitForBit) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   auto run = [&] {
-    Tensor x_max = testing::random_f32({8, 16, 33, 33}, 70).to(device), x_avg = x_max.clone();
-    x_max.set_requires_grad(true);
-    x_avg.set_requires_grad(true);
+    const Tensor x = testing::random_f32({8, 16, 33, 33}, 70);
+    const Tensor x_max = leaf_on(x, device), x_avg = leaf_on(x, device);
     const Tensor max_out = max_pool2d(x_max, {3, 3}, {2, 2}, {1, 1});
     const Tensor avg_out = avg_pool2d(x_avg, {3, 3}, {2, 2}, {1, 1});
     const Tensor dy = testing::random_f32(max_out.shape(), 71).to(device);

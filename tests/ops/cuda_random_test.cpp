@@ -32,11 +32,6 @@ template <typename T>
 using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
 
 template <typename T>
-std::vector<T> host_values(const Tensor& t) {
-  return t.to(Device::cpu()).to_vector<T>();
-}
-
-template <typename T>
 void expect_same_bits(const std::vector<T>& actual, const std::vector<T>& expected) {
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < actual.size(); ++i)
@@ -71,7 +66,7 @@ TEST(CudaPhilox, WordsAreTheCpusBitForBit) {
       ops::cuda::philox_blocks(key.seed, key.stream, key.first_counter, kBlocks,
                                reinterpret_cast<uint32_t*>(words.data_ptr<int32_t>()), on.stream());
     }
-    const auto got = host_values<int32_t>(words);
+    const auto got = words.to_vector<int32_t>();
     for (int64_t i = 0; i < kBlocks; ++i) {
       const auto expected = philox4x32(key.seed, key.stream, key.first_counter + static_cast<uint64_t>(i));
       for (int w = 0; w < 4; ++w)
@@ -82,7 +77,7 @@ TEST(CudaPhilox, WordsAreTheCpusBitForBit) {
 }
 #endif
 
-class CudaRandom : public ::testing::TestWithParam<Device> {};
+class CudaRandom : public testing::DeviceTest {};
 
 // A generator partway through a block when predraws is not a multiple of 4.
 Philox generator_after(uint64_t seed, int predraws) {
@@ -102,7 +97,7 @@ void expect_uniform_like_cpu(Device device) {
       uniform_(on_cpu, -2, 3, cpu_rng);
       uniform_(on_device, -2, 3, device_rng);
       const auto expected = on_cpu.to_vector<T>();
-      expect_same_bits(host_values<T>(on_device), expected);
+      expect_same_bits(on_device.to_vector<T>(), expected);
       expect_same_state(device_rng, cpu_rng);
       // Two words per element in stream order. Whether low + span · u is fused or not moves
       // it by up to an ulp of span · u, which is several ulp of a result near 0.
@@ -115,7 +110,6 @@ void expect_uniform_like_cpu(Device device) {
 }
 
 TEST_P(CudaRandom, UniformFillsAreTheCpusBitForBit) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_uniform_like_cpu<float>(GetParam());
   expect_uniform_like_cpu<double>(GetParam());
 }
@@ -132,7 +126,7 @@ void expect_normal_like_cpu(Device device) {
     normal_(on_cpu, 0.5, 2.0, cpu_rng);
     normal_(on_device, 0.5, 2.0, device_rng);
     const auto expected = on_cpu.to_vector<T>();
-    const auto got = host_values<T>(on_device);
+    const auto got = on_device.to_vector<T>();
     ASSERT_EQ(got.size(), expected.size());
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_NEAR(got[i], expected[i], tolerance * (1 + std::abs(expected[i]))) << "element " << i;
@@ -145,20 +139,18 @@ void expect_normal_like_cpu(Device device) {
 }
 
 TEST_P(CudaRandom, NormalFillsMatchTheCpuToRounding) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_normal_like_cpu<float>(GetParam());
   expect_normal_like_cpu<double>(GetParam());
 }
 
 TEST_P(CudaRandom, StridedViewsFillInTheirOwnElementOrder) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor cpu_base = Tensor::zeros({7, 13}, DType::f32);
   const Tensor device_base = Tensor::zeros({7, 13}, DType::f32, device);
   Philox cpu_rng = generator_after(3, 1), device_rng = cpu_rng;
   uniform_(transpose(cpu_base, 0, 1), 0, 1, cpu_rng);
   uniform_(transpose(device_base, 0, 1), 0, 1, device_rng);
-  expect_same_bits(host_values<float>(device_base), cpu_base.to_vector<float>());
+  expect_same_bits(device_base.to_vector<float>(), cpu_base.to_vector<float>());
   expect_same_state(device_rng, cpu_rng);
   // Element (i, j) of the view, i.e. base (j, i), holds draw i * 7 + j.
   Philox reference = generator_after(3, 1);
@@ -170,7 +162,7 @@ TEST_P(CudaRandom, StridedViewsFillInTheirOwnElementOrder) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, CudaRandom, LOCKSTEP_TEST_DEVICES);
 
-class CudaDropout : public ::testing::TestWithParam<Device> {};
+class CudaDropout : public testing::DeviceTest {};
 
 template <typename T>
 void expect_dropout_exact(Device device) {
@@ -199,8 +191,8 @@ void expect_dropout_exact(Device device) {
     const Tensor out = dropout(xd, c.p, true, key);
     ASSERT_EQ(out.device(), device);
     out.backward(g.to(device));
-    const auto got = host_values<T>(out);
-    const auto grad = host_values<T>(xd.grad());
+    const auto got = out.to_vector<T>();
+    const auto grad = xd.grad().to_vector<T>();
     const int64_t samples = c.shape[0];
     const int64_t per_sample = samples > 0 ? x.numel() / samples : 0;
     const T scale = static_cast<T>(1.0 / (1.0 - c.p));
@@ -228,13 +220,11 @@ void expect_dropout_exact(Device device) {
 }
 
 TEST_P(CudaDropout, MasksAreTheCpusPhiloxBitsAndScaleTheGradient) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_dropout_exact<float>(GetParam());
   expect_dropout_exact<double>(GetParam());
 }
 
 TEST_P(CudaDropout, IdentityWhenNotTrainingAndStridedInputs) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor x = random_f64({6, 9}, 600).to(device);
   EXPECT_TRUE(dropout(x, 0.5, false, {}).is_same(x));
@@ -242,8 +232,8 @@ TEST_P(CudaDropout, IdentityWhenNotTrainingAndStridedInputs) {
   // A transposed input is masked in its own (logical) element order.
   const DropoutKey key{1, dropout_stream(0, 1), 10};
   const Tensor view = transpose(x, 0, 1);  // [9, 6]: 9 samples of 6
-  const auto got = host_values<double>(dropout(view, 0.5, true, key));
-  const auto dense = host_values<double>(dropout(view.to(Device::cpu()).contiguous(), 0.5, true, key));
+  const auto got = dropout(view, 0.5, true, key).to_vector<double>();
+  const auto dense = dropout(view.to(Device::cpu()).contiguous(), 0.5, true, key).to_vector<double>();
   expect_same_bits(got, dense);
 }
 

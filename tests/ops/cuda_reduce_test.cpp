@@ -13,26 +13,17 @@
 
 #include "lockstep/core/philox.h"
 #include "lockstep/ops/reduce.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::leaf_on;
 using testing::random_f64;
 
-class CudaReduce : public ::testing::TestWithParam<Device> {};
-
-template <typename T>
-std::vector<T> host_values(const Tensor& t) {
-  return t.to(Device::cpu()).to_vector<T>();
-}
-
-Tensor leaf_on(const Tensor& t, Device device) {
-  Tensor leaf = t.to(device).detach();
-  leaf.set_requires_grad(true);
-  return leaf;
-}
+class CudaReduce : public testing::DeviceTest {};
 
 // Integers in [-range, range] (f64 on the CPU).
 Tensor small_integers(const Shape& shape, uint64_t seed, int64_t range) {
@@ -127,7 +118,7 @@ void expect_sums_exact(Device device) {
       ASSERT_EQ(s.device(), device);
       ASSERT_EQ(s.shape(), out_shape);
       ASSERT_EQ(m.shape(), out_shape);
-      const auto got_sum = host_values<T>(s), got_mean = host_values<T>(m);
+      const auto got_sum = s.to_vector<T>(), got_mean = m.to_vector<T>();
       ASSERT_EQ(got_sum.size(), expected.size());
       for (size_t k = 0; k < expected.size(); ++k) {
         ASSERT_EQ(got_sum[k], static_cast<T>(expected[k])) << "output " << k;
@@ -143,7 +134,7 @@ void expect_sums_exact(Device device) {
       const auto vg = g.to_vector<T>();
       s.backward(g.to(device));
       m.backward(g.to(device));
-      const auto grad_sum = host_values<T>(xs.grad()), grad_mean = host_values<T>(xm.grad());
+      const auto grad_sum = xs.grad().to_vector<T>(), grad_mean = xm.grad().to_vector<T>();
       const T scale = static_cast<T>(1.0 / static_cast<double>(count));
       ASSERT_EQ(grad_sum.size(), values.size());
       ASSERT_EQ(grad_mean.size(), values.size());
@@ -157,13 +148,11 @@ void expect_sums_exact(Device device) {
 }
 
 TEST_P(CudaReduce, SumAndMeanOverAxesAreExactAndSoAreTheirGradients) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_sums_exact<float>(GetParam());
   expect_sums_exact<double>(GetParam());
 }
 
 TEST_P(CudaReduce, WholeTensorSumsAndSumTo) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   for (const Shape& shape : {Shape{}, Shape{1}, Shape{7}, Shape{300, 5}, Shape{2, 50001}}) {
     SCOPED_TRACE(shape_str(shape));
@@ -199,12 +188,11 @@ TEST_P(CudaReduce, WholeTensorSumsAndSumTo) {
           }
           expected[static_cast<size_t>(o)] += v[static_cast<size_t>((i * 3 + j) * 5 + k)];
         }
-    EXPECT_EQ(host_values<double>(s), expected);
+    EXPECT_EQ(s.to_vector<double>(), expected);
   }
 }
 
 TEST_P(CudaReduce, LongSumsOfRealsAreCloseAndTheSameEveryRun) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Tensor x = random_f64({3, 400001}, 21);
   const auto v = x.to_vector<double>();
@@ -214,14 +202,14 @@ TEST_P(CudaReduce, LongSumsOfRealsAreCloseAndTheSameEveryRun) {
     magnitude[i / 400001] += std::abs(v[i]);
   }
   const Tensor x32 = x.to(DType::f32).to(device);
-  const auto first = host_values<float>(sum(x32, {1}));
-  const auto again = host_values<float>(sum(x32, {1}));
+  const auto first = sum(x32, {1}).to_vector<float>();
+  const auto again = sum(x32, {1}).to_vector<float>();
   for (size_t r = 0; r < 3; ++r) {
     EXPECT_EQ(std::bit_cast<uint32_t>(first[r]), std::bit_cast<uint32_t>(again[r])) << "row " << r;
     // The input was rounded to f32 (relative 6e-8 per term) and the sum adds f32 rounding.
     EXPECT_NEAR(first[r], expected[r], 1e-6 * magnitude[r]) << "row " << r;
   }
-  const auto exact = host_values<double>(sum(x.to(device), {1}));
+  const auto exact = sum(x.to(device), {1}).to_vector<double>();
   for (size_t r = 0; r < 3; ++r) EXPECT_NEAR(exact[r], expected[r], 1e-14 * magnitude[r]) << "row " << r;
 }
 
@@ -279,13 +267,13 @@ void expect_max_exact(Device device) {
       ASSERT_EQ(indices.dtype(), DType::i64);
       ASSERT_EQ(values.shape(), indices.shape());
       ASSERT_EQ(values.numel(), outer * inner);
-      EXPECT_EQ(host_values<double>(values), expected.values);
-      EXPECT_EQ(host_values<int64_t>(indices), expected.indices);
+      EXPECT_EQ(values.to_vector<double>(), expected.values);
+      EXPECT_EQ(indices.to_vector<int64_t>(), expected.indices);
       // The gradient goes to the first largest position only.
       const Tensor g = random_f64(values.shape(), seed++).to(dtype_of<T>());
       const auto vg = g.to_vector<T>();
       values.backward(g.to(device));
-      const auto grad = host_values<T>(xd.grad());
+      const auto grad = xd.grad().to_vector<T>();
       for (int64_t o = 0; o < outer; ++o)
         for (int64_t r = 0; r < n; ++r)
           for (int64_t j = 0; j < inner; ++j) {
@@ -298,13 +286,11 @@ void expect_max_exact(Device device) {
 }
 
 TEST_P(CudaReduce, MaxAndArgmaxPickTheFirstLargestValue) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   expect_max_exact<float>(GetParam());
   expect_max_exact<double>(GetParam());
 }
 
 TEST_P(CudaReduce, MaxTreatsNanAsLargestAndHandlesInfinities) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   // Rows long enough for the block kernel and short enough for the warp kernel.
@@ -319,15 +305,15 @@ TEST_P(CudaReduce, MaxTreatsNanAsLargestAndHandlesInfinities) {
     x[static_cast<size_t>(3 * n + 7)] = 2.0;                                   // row 3: ties at 7 and 9
     x[static_cast<size_t>(3 * n + 9)] = 2.0;
     const Tensor t = Tensor::from_vector(x, {4, n}).to(DType::f32).to(device);
-    const auto indices = host_values<int64_t>(argmax(t, 1));
+    const auto indices = argmax(t, 1).to_vector<int64_t>();
     EXPECT_EQ(indices, (std::vector<int64_t>{n - 1, n / 2, 0, 7}));
-    const auto values = host_values<float>(max(t, 1));
+    const auto values = max(t, 1).to_vector<float>();
     EXPECT_EQ(values[0], 5.0f);
     EXPECT_TRUE(std::isnan(values[1]));
     EXPECT_EQ(values[2], -std::numeric_limits<float>::infinity());
     EXPECT_EQ(values[3], 2.0f);
     // The same along a leading axis (the column kernel).
-    const auto column_indices = host_values<int64_t>(argmax(t, 0));
+    const auto column_indices = argmax(t, 0).to_vector<int64_t>();
     EXPECT_EQ(column_indices[static_cast<size_t>(n / 2)], 1);  // the nan in row 1
     EXPECT_EQ(column_indices[static_cast<size_t>(n - 1)], 0);  // 5 in row 0
   }

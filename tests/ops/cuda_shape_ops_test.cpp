@@ -8,30 +8,16 @@
 #include <vector>
 
 #include "lockstep/ops/shape_ops.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::expect_identical;
+using testing::leaf_on;
 using testing::random_f64;
-
-// A new leaf with t's values on device that requires grad (never t itself, which .to()
-// returns when t is already there).
-Tensor leaf_on(const Tensor& t, Device device) {
-  Tensor out = t.to(device).detach();
-  out.set_requires_grad(true);
-  return out;
-}
-
-void expect_identical(const Tensor& actual, const Tensor& expected) {
-  ASSERT_EQ(actual.shape(), expected.shape());
-  ASSERT_EQ(actual.dtype(), expected.dtype());
-  const auto a = actual.to_vector<double>(), e = expected.to_vector<double>();
-  int64_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != e[i];
-  EXPECT_EQ(differ, 0) << differ << " of " << a.size() << " elements differ";
-}
 
 using Inputs = std::vector<Tensor>;
 
@@ -82,10 +68,9 @@ std::vector<ShapeCase> shape_cases() {
   };
 }
 
-class CudaShapeOps : public ::testing::TestWithParam<Device> {};
+class CudaShapeOps : public testing::DeviceTest {};
 
 TEST_P(CudaShapeOps, OutputsAndGradientsMatchTheCpuExactly) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   uint64_t seed = 1;
   for (const ShapeCase& c : shape_cases()) {
@@ -119,7 +104,6 @@ TEST_P(CudaShapeOps, OutputsAndGradientsMatchTheCpuExactly) {
 }
 
 TEST_P(CudaShapeOps, IntegerTensors) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   std::vector<int64_t> values(60);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int64_t>(i * i) - 700;
@@ -135,7 +119,6 @@ TEST_P(CudaShapeOps, IntegerTensors) {
 }
 
 TEST_P(CudaShapeOps, GradientsOfSeveralViewsAddUpInOneLeaf) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   Tensor x = Tensor::zeros({4}, DType::f64, device);
   x.set_requires_grad(true);

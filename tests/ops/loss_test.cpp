@@ -4,17 +4,18 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/elementwise.h"
 #include "lockstep/ops/reduce.h"
+#include "testing/errors.h"
 #include "testing/gradcheck.h"
 
 namespace lockstep {
 namespace {
 
+using testing::error_of;
 using testing::expect_all_close;
 using testing::expect_gradients_match;
 using testing::random_f64;
@@ -182,15 +183,6 @@ TEST(CrossEntropy, IndependentOfThreadCount) {
   double total = 0;
   for (double l : naive_losses(logits, label_values)) total += l;
   EXPECT_NEAR(loss1.item(), total / 4096, 1e-5);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(CrossEntropy, ErrorsNameTheProblem) {

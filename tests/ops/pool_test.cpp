@@ -5,51 +5,17 @@
 
 #include "lockstep/ops/conv.h"
 #include "testing/gradcheck.h"
+#include "testing/naive_pool.h"
 
 namespace lockstep {
 namespace {
 
 using testing::expect_all_close;
 using testing::expect_gradients_match;
+using testing::naive_pool;
+using testing::NaivePool;
+using testing::PoolCase;
 using testing::random_f64;
-
-struct PoolCase {
-  Shape x;
-  Pair kernel, stride, padding;
-};
-
-// Direct loops over [N, C, H, W]: the max (first one on ties) with its input position, or the
-// mean with padding counted in the divisor. max_grad gets dy routed to the winners.
-struct NaivePool {
-  std::vector<double> max, avg, max_grad, avg_grad;
-};
-
-NaivePool naive_pool(const Tensor& x, const Tensor& dy, Pair k, Pair s, Pair p) {
-  const auto xv = x.to_vector<double>(), gv = dy.to_vector<double>();
-  const int64_t planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t OH = (H + 2 * p[0] - k[0]) / s[0] + 1, OW = (W + 2 * p[1] - k[1]) / s[1] + 1;
-  NaivePool r{{}, {}, std::vector<double>(xv.size()), std::vector<double>(xv.size())};
-  for (int64_t pl = 0; pl < planes; ++pl)
-    for (int64_t oh = 0; oh < OH; ++oh)
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const double d = gv[static_cast<size_t>((pl * OH + oh) * OW + ow)];
-        double best = -std::numeric_limits<double>::infinity(), total = 0;
-        size_t best_at = 0;
-        for (int64_t kh = 0; kh < k[0]; ++kh)
-          for (int64_t kw = 0; kw < k[1]; ++kw) {
-            const int64_t ih = oh * s[0] - p[0] + kh, iw = ow * s[1] - p[1] + kw;
-            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-            const size_t at = static_cast<size_t>((pl * H + ih) * W + iw);
-            total += xv[at];
-            r.avg_grad[at] += d / static_cast<double>(k[0] * k[1]);
-            if (xv[at] > best) best = xv[at], best_at = at;
-          }
-        r.max.push_back(best);
-        r.avg.push_back(total / static_cast<double>(k[0] * k[1]));
-        r.max_grad[best_at] += d;
-      }
-  return r;
-}
 
 const std::vector<PoolCase> kCases = {
     {{2, 3, 8, 8}, {2, 2}, {0, 0}, {0, 0}},  // the 2x2 fast path

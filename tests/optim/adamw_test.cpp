@@ -8,30 +8,13 @@
 #include <vector>
 
 #include "testing/gradcheck.h"
+#include "testing/reference_optimizers.h"
 
 namespace lockstep::optim {
 namespace {
 
 using testing::random_f64;
-
-// torch.optim.AdamW's documented algorithm for one parameter, in double.
-struct ReferenceAdamW {
-  AdamWOptions o;
-  std::vector<double> m, v;
-  int64_t t = 0;
-  void step(std::vector<double>& p, const std::vector<double>& g) {
-    if (m.empty()) m.assign(p.size(), 0.0), v.assign(p.size(), 0.0);
-    ++t;
-    for (size_t i = 0; i < p.size(); ++i) {
-      p[i] *= 1 - o.lr * o.weight_decay;
-      m[i] = o.beta1 * m[i] + (1 - o.beta1) * g[i];
-      v[i] = o.beta2 * v[i] + (1 - o.beta2) * g[i] * g[i];
-      const double m_hat = m[i] / (1 - std::pow(o.beta1, static_cast<double>(t)));
-      const double v_hat = v[i] / (1 - std::pow(o.beta2, static_cast<double>(t)));
-      p[i] -= o.lr * m_hat / (std::sqrt(v_hat) + o.eps);
-    }
-  }
-};
+using testing::ReferenceAdamW;
 
 void expect_matches_reference(const AdamWOptions& options, DType dtype, double tolerance, int steps = 8) {
   const Shape shape{23, 7};
@@ -39,7 +22,7 @@ void expect_matches_reference(const AdamWOptions& options, DType dtype, double t
   param.set_requires_grad(true);
   std::vector<double> expected = param.to_vector<double>();
   AdamW adamw({param}, options);
-  ReferenceAdamW reference{options, {}, {}, 0};
+  ReferenceAdamW reference(options);
   for (int s = 0; s < steps; ++s) {
     const Tensor grad = random_f64(shape, 200 + static_cast<uint64_t>(s), -2.0, 2.0).to(dtype);
     param.set_grad(grad);
@@ -87,7 +70,7 @@ TEST(AdamW, StepCountIsPerParameter) {
   Tensor b = random_f64({4}, 2).set_requires_grad(true);
   std::vector<double> expected_b = b.to_vector<double>();
   AdamW adamw({a, b}, options);
-  ReferenceAdamW reference{options, {}, {}, 0};
+  ReferenceAdamW reference(options);
   a.set_grad(random_f64({4}, 10));
   adamw.step();
   EXPECT_FALSE(adamw.state(1, 0).defined());

@@ -11,108 +11,79 @@
 #include "lockstep/optim/adamw.h"
 #include "lockstep/optim/clip_grad_norm.h"
 #include "lockstep/optim/sgd.h"
+#include "testing/device_tensors.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
+#include "testing/reference_optimizers.h"
 
 namespace lockstep::optim {
 namespace {
 
+using testing::copy_to;
+using testing::leaf_on;
 using testing::random_f64;
+using testing::reference_rtol;
+using testing::ReferenceAdamW;
+using testing::ReferenceSGD;
 
 // Not a multiple of any block size, and larger than one block's worth of elements.
 const Shape kShape{37, 1031};
 
-// A fresh tensor on device with values' elements in dtype (never a handle to values itself).
-Tensor copy_to(const Tensor& values, DType dtype, Device device) {
-  Tensor out = Tensor::empty(values.shape(), dtype, device);
-  out.copy_from(values);
-  return out;
-}
+// A parameter on device holding values' elements in dtype, in storage of its own.
+Tensor make_param(const Tensor& values, DType dtype, Device device) { return leaf_on(values.to(dtype), device); }
 
-Tensor make_param(const Tensor& values, DType dtype, Device device) {
-  Tensor p = copy_to(values, dtype, device);
-  p.set_requires_grad(true);
-  return p;
-}
-
-// torch.optim.SGD (single tensor), one parameter, in double.
-struct ReferenceSGD {
-  SGDOptions o;
-  std::vector<double> buf;
-  void step(std::vector<double>& p, std::vector<double> g) {
-    for (size_t i = 0; i < p.size(); ++i)
-      if (o.weight_decay != 0) g[i] += o.weight_decay * p[i];
-    if (o.momentum != 0) {
-      if (buf.empty()) {
-        buf = g;
-      } else {
-        for (size_t i = 0; i < p.size(); ++i) buf[i] = o.momentum * buf[i] + (1 - o.dampening) * g[i];
-      }
-      for (size_t i = 0; i < p.size(); ++i) g[i] = o.nesterov ? g[i] + o.momentum * buf[i] : buf[i];
-    }
-    for (size_t i = 0; i < p.size(); ++i) p[i] -= o.lr * g[i];
-  }
-};
-
-// torch.optim.AdamW's documented algorithm for one parameter, in double.
-struct ReferenceAdamW {
-  AdamWOptions o;
-  std::vector<double> m, v;
-  int64_t t = 0;
-  void step(std::vector<double>& p, const std::vector<double>& g) {
-    if (m.empty()) m.assign(p.size(), 0.0), v.assign(p.size(), 0.0);
-    ++t;
-    for (size_t i = 0; i < p.size(); ++i) {
-      p[i] *= 1 - o.lr * o.weight_decay;
-      m[i] = o.beta1 * m[i] + (1 - o.beta1) * g[i];
-      v[i] = o.beta2 * v[i] + (1 - o.beta2) * g[i] * g[i];
-      const double m_hat = m[i] / (1 - std::pow(o.beta1, static_cast<double>(t)));
-      const double v_hat = v[i] / (1 - std::pow(o.beta2, static_cast<double>(t)));
-      p[i] -= o.lr * m_hat / (std::sqrt(v_hat) + o.eps);
-    }
-  }
-};
-
-// Tolerances: against the float64 reference, and against the CPU run of the same code.
-double reference_tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-12; }
+// The tolerance against the CPU run of the same code (reference_rtol is the one against the
+// float64 reference).
 double cpu_tolerance(DType dtype) { return dtype == DType::f32 ? 1e-6 : 1e-14; }
 
-class CudaOptimizer : public ::testing::TestWithParam<Device> {};
+class CudaOptimizer : public testing::DeviceTest {};
+
+// `steps` steps of Optim on one parameter of kShape (values from `seed`) on device, of Optim on
+// the CPU and of the float64 Reference side by side, on the same gradients (uniform in
+// ±grad_range, from grad_seed on, rounded to dtype); checks the parameter against both, then
+// hands the device's optimizer and the reference to check_state.
+template <typename Optim, typename Reference, typename Options, typename CheckState>
+void step_beside_cpu_and_reference(Device device, const Options& options, DType dtype, int steps, uint64_t seed,
+                                   uint64_t grad_seed, double grad_range, CheckState check_state) {
+  const Tensor initial = random_f64(kShape, seed);
+  Tensor param = make_param(initial, dtype, device);
+  Tensor cpu_param = make_param(initial, dtype, Device::cpu());
+  std::vector<double> expected = copy_to(initial, dtype, Device::cpu()).to_vector<double>();
+  Optim optimizer({param}, options);
+  Optim cpu_optimizer({cpu_param}, options);
+  Reference reference(options);
+  for (int s = 0; s < steps; ++s) {
+    const Tensor grad = copy_to(random_f64(kShape, grad_seed + static_cast<uint64_t>(s), -grad_range, grad_range),
+                                dtype, Device::cpu());
+    param.set_grad(copy_to(grad, dtype, device));
+    cpu_param.set_grad(grad);
+    optimizer.step();
+    cpu_optimizer.step();
+    reference.step(expected, grad.to_vector<double>());
+  }
+  EXPECT_EQ(param.device(), device);
+  const Tensor result = param.to(Device::cpu());
+  testing::expect_all_close(result, expected, reference_rtol(dtype), reference_rtol(dtype));
+  testing::expect_all_close(result, cpu_param, cpu_tolerance(dtype), cpu_tolerance(dtype));
+  check_state(optimizer, reference);
+}
 
 void check_sgd(Device device, const SGDOptions& options, DType dtype, int steps = 5) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " momentum " << options.momentum << " dampening "
                                     << options.dampening << " weight_decay " << options.weight_decay << " nesterov "
                                     << options.nesterov);
-  const Tensor initial = random_f64(kShape, 1);
-  Tensor param = make_param(initial, dtype, device);
-  Tensor cpu_param = make_param(initial, dtype, Device::cpu());
-  std::vector<double> expected = copy_to(initial, dtype, Device::cpu()).to_vector<double>();
-  SGD sgd({param}, options);
-  SGD cpu_sgd({cpu_param}, options);
-  ReferenceSGD reference{options, {}};
-  for (int s = 0; s < steps; ++s) {
-    const Tensor grad = copy_to(random_f64(kShape, 100 + static_cast<uint64_t>(s)), dtype, Device::cpu());
-    param.set_grad(copy_to(grad, dtype, device));
-    cpu_param.set_grad(grad);
-    sgd.step();
-    cpu_sgd.step();
-    reference.step(expected, grad.to_vector<double>());
-  }
-  EXPECT_EQ(param.device(), device);
-  const Tensor result = param.to(Device::cpu());
-  testing::expect_all_close(result, expected, reference_tolerance(dtype), reference_tolerance(dtype));
-  testing::expect_all_close(result, cpu_param, cpu_tolerance(dtype), cpu_tolerance(dtype));
-  if (options.momentum != 0) {
-    const Tensor& buffer = sgd.state(0, 0);
-    ASSERT_TRUE(buffer.defined());
-    EXPECT_EQ(buffer.device(), device) << "the momentum buffer lives beside its parameter";
-    testing::expect_all_close(buffer.to(Device::cpu()), reference.buf, reference_tolerance(dtype),
-                              reference_tolerance(dtype));
-  }
+  step_beside_cpu_and_reference<SGD, ReferenceSGD>(
+      device, options, dtype, steps, 1, 100, 1.0, [&](const SGD& sgd, const ReferenceSGD& reference) {
+        if (options.momentum == 0) return;
+        const Tensor& buffer = sgd.state(0, 0);
+        ASSERT_TRUE(buffer.defined());
+        EXPECT_EQ(buffer.device(), device) << "the momentum buffer lives beside its parameter";
+        testing::expect_all_close(buffer.to(Device::cpu()), reference.buf, reference_rtol(dtype),
+                                  reference_rtol(dtype));
+      });
 }
 
 TEST_P(CudaOptimizer, SgdMatchesReferenceAndCpu) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const std::vector<SGDOptions> cases = {
       {.lr = 0.1},
       {.lr = 0.1, .weight_decay = 0.1},
@@ -127,7 +98,6 @@ TEST_P(CudaOptimizer, SgdMatchesReferenceAndCpu) {
 }
 
 TEST_P(CudaOptimizer, SgdSkipsParametersWithoutGradient) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Tensor initial = random_f64({3, 5}, 7);
   Tensor with_grad = make_param(initial, DType::f32, GetParam());
   Tensor without = make_param(initial, DType::f32, GetParam());
@@ -146,38 +116,22 @@ TEST_P(CudaOptimizer, SgdSkipsParametersWithoutGradient) {
 void check_adamw(Device device, const AdamWOptions& options, DType dtype, int steps = 6) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " lr " << options.lr << " beta1 " << options.beta1
                                     << " weight_decay " << options.weight_decay);
-  const Tensor initial = random_f64(kShape, 3);
-  Tensor param = make_param(initial, dtype, device);
-  Tensor cpu_param = make_param(initial, dtype, Device::cpu());
-  std::vector<double> expected = copy_to(initial, dtype, Device::cpu()).to_vector<double>();
-  AdamW adamw({param}, options);
-  AdamW cpu_adamw({cpu_param}, options);
-  ReferenceAdamW reference{options, {}, {}, 0};
-  for (int s = 0; s < steps; ++s) {
-    const Tensor grad = copy_to(random_f64(kShape, 200 + static_cast<uint64_t>(s), -2.0, 2.0), dtype, Device::cpu());
-    param.set_grad(copy_to(grad, dtype, device));
-    cpu_param.set_grad(grad);
-    adamw.step();
-    cpu_adamw.step();
-    reference.step(expected, grad.to_vector<double>());
-  }
-  const Tensor result = param.to(Device::cpu());
-  testing::expect_all_close(result, expected, reference_tolerance(dtype), reference_tolerance(dtype));
-  testing::expect_all_close(result, cpu_param, cpu_tolerance(dtype), cpu_tolerance(dtype));
-  // The step counter is read by the host every step: it stays in host memory.
-  const Tensor& step = adamw.state(0, 0);
-  EXPECT_TRUE(step.device().is_cpu()) << step.device();
-  EXPECT_EQ(step.item(), steps);
-  EXPECT_EQ(adamw.state(0, 1).device(), device);
-  EXPECT_EQ(adamw.state(0, 2).device(), device);
-  testing::expect_all_close(adamw.state(0, 1).to(Device::cpu()), reference.m, reference_tolerance(dtype),
-                            reference_tolerance(dtype));
-  testing::expect_all_close(adamw.state(0, 2).to(Device::cpu()), reference.v, reference_tolerance(dtype),
-                            reference_tolerance(dtype));
+  step_beside_cpu_and_reference<AdamW, ReferenceAdamW>(
+      device, options, dtype, steps, 3, 200, 2.0, [&](const AdamW& adamw, const ReferenceAdamW& reference) {
+        // The step counter is read by the host every step: it stays in host memory.
+        const Tensor& step = adamw.state(0, 0);
+        EXPECT_TRUE(step.device().is_cpu()) << step.device();
+        EXPECT_EQ(step.item(), steps);
+        EXPECT_EQ(adamw.state(0, 1).device(), device);
+        EXPECT_EQ(adamw.state(0, 2).device(), device);
+        testing::expect_all_close(adamw.state(0, 1).to(Device::cpu()), reference.m, reference_rtol(dtype),
+                                  reference_rtol(dtype));
+        testing::expect_all_close(adamw.state(0, 2).to(Device::cpu()), reference.v, reference_rtol(dtype),
+                                  reference_rtol(dtype));
+      });
 }
 
 TEST_P(CudaOptimizer, AdamWMatchesReferenceAndCpu) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const std::vector<AdamWOptions> cases = {
       {},
       {.lr = 0.05, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1},
@@ -191,7 +145,6 @@ TEST_P(CudaOptimizer, AdamWMatchesReferenceAndCpu) {
 }
 
 TEST_P(CudaOptimizer, AdamWResumesFromAStateDictCopiedToTheHost) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   const Shape shape{129, 3};
   const Tensor initial = random_f64(shape, 5);
@@ -249,7 +202,6 @@ double reference_norm(const std::vector<Tensor>& params) {
 }
 
 TEST_P(CudaOptimizer, GradNormMatchesFloat64AndIsTheSameEveryRun) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   for (DType dtype : {DType::f32, DType::f64}) {
     const std::vector<Tensor> params = clipping_params(GetParam(), dtype);
     const double expected = reference_norm(params);
@@ -260,7 +212,6 @@ TEST_P(CudaOptimizer, GradNormMatchesFloat64AndIsTheSameEveryRun) {
 }
 
 TEST_P(CudaOptimizer, ClipGradNormScalesEveryGradient) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   for (DType dtype : {DType::f32, DType::f64}) {
     const std::vector<Tensor> params = clipping_params(GetParam(), dtype);
     std::vector<std::vector<double>> before;
@@ -270,7 +221,7 @@ TEST_P(CudaOptimizer, ClipGradNormScalesEveryGradient) {
     const double max_norm = norm / 3;
     EXPECT_NEAR(clip_grad_norm(params, max_norm), norm, 1e-12 * norm);
     const double coefficient = max_norm / (norm + 1e-6);
-    const double tolerance = dtype == DType::f32 ? 1e-6 : 1e-14;
+    const double tolerance = cpu_tolerance(dtype);
     for (size_t i = 0; i < params.size(); ++i) {
       if (!params[i].grad().defined()) continue;
       EXPECT_EQ(params[i].grad().device(), GetParam());
@@ -283,7 +234,6 @@ TEST_P(CudaOptimizer, ClipGradNormScalesEveryGradient) {
 }
 
 TEST_P(CudaOptimizer, ClipGradNormBelowTheLimitLeavesGradientsAlone) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const std::vector<Tensor> params = clipping_params(GetParam(), DType::f32);
   const std::vector<double> before = params[1].grad().to_vector<double>();
   const double norm = reference_norm(params);
@@ -292,7 +242,6 @@ TEST_P(CudaOptimizer, ClipGradNormBelowTheLimitLeavesGradientsAlone) {
 }
 
 TEST_P(CudaOptimizer, ClipGradNormScalesStridedGradientsInPlace) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Tensor values = random_f64({5, 7}, 9);
   Tensor p = make_param(Tensor::zeros({7, 5}, DType::f64), DType::f64, GetParam());
   const Tensor grad = transpose(copy_to(values, DType::f64, GetParam()), 0, 1);
@@ -308,7 +257,6 @@ TEST_P(CudaOptimizer, ClipGradNormScalesStridedGradientsInPlace) {
 }
 
 TEST_P(CudaOptimizer, ClipGradNormReportsANonFiniteNorm) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   std::vector<Tensor> params = clipping_params(GetParam(), DType::f32);
   Tensor bad = Tensor::from_vector<float>({1.0f, std::numeric_limits<float>::quiet_NaN()}, {2}, GetParam());
   Tensor p = make_param(Tensor::zeros({2}, DType::f64), DType::f32, GetParam());

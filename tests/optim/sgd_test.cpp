@@ -8,31 +8,13 @@
 
 #include "lockstep/core/parallel.h"
 #include "testing/gradcheck.h"
+#include "testing/reference_optimizers.h"
 
 namespace lockstep::optim {
 namespace {
 
 using testing::random_f64;
-
-// torch.optim.SGD (single tensor), one parameter, in double.
-struct ReferenceSGD {
-  SGDOptions o;
-  std::vector<double> buf;
-  void step(std::vector<double>& p, std::vector<double> g) {
-    for (size_t i = 0; i < p.size(); ++i) {
-      if (o.weight_decay != 0) g[i] += o.weight_decay * p[i];
-    }
-    if (o.momentum != 0) {
-      if (buf.empty()) {
-        buf = g;
-      } else {
-        for (size_t i = 0; i < p.size(); ++i) buf[i] = o.momentum * buf[i] + (1 - o.dampening) * g[i];
-      }
-      for (size_t i = 0; i < p.size(); ++i) g[i] = o.nesterov ? g[i] + o.momentum * buf[i] : buf[i];
-    }
-    for (size_t i = 0; i < p.size(); ++i) p[i] -= o.lr * g[i];
-  }
-};
+using testing::ReferenceSGD;
 
 // Runs `steps` SGD steps with fixed random gradients on an f32 or f64 parameter and on the
 // reference, and compares.
@@ -42,7 +24,7 @@ void expect_matches_reference(const SGDOptions& options, DType dtype, double tol
   param.set_requires_grad(true);
   std::vector<double> expected = param.to_vector<double>();
   SGD sgd({param}, options);
-  ReferenceSGD reference{options, {}};
+  ReferenceSGD reference(options);
   for (int s = 0; s < steps; ++s) {
     const Tensor grad = random_f64(shape, 100 + static_cast<uint64_t>(s)).to(dtype);
     param.set_grad(grad);

@@ -1,6 +1,6 @@
 // GradientTree on each test device: leaves on a GPU fold in the same tree order, with the
-// same bits, as the recursive fold written here (f32, f64) and as comm::tree_reduce on the
-// host (bf16, which the GPU folds through f32 as the host does).
+// same bits, as the conformance suite's recursive fold (f32, f64) and as comm::tree_reduce
+// on the host (bf16, which the GPU folds through f32 as the host does).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,14 +18,6 @@ namespace {
 
 // Not a multiple of any block size, and more than one block of elements.
 constexpr int64_t kCount = 3 * 347;
-
-template <typename T>
-T fold(const std::vector<T>& v, size_t lo, size_t hi) {
-  if (hi - lo == 1) return v[lo];
-  size_t p = 1;
-  while (p * 2 < hi - lo) p *= 2;
-  return fold(v, lo, lo + p) + fold(v, lo + p, hi);
-}
 
 // Values whose sum depends on the order they are added in: irregular mantissas at
 // magnitudes that differ from leaf to leaf.
@@ -47,13 +39,13 @@ void expect_same_bits(const Tensor& got, const std::vector<std::vector<T>>& colu
   const std::vector<T> values = got.to(Device::cpu()).to_vector<T>();
   ASSERT_EQ(values.size(), columns.size());
   for (size_t i = 0; i < values.size(); ++i) {
-    const T want = fold(columns[i], 0, columns[i].size());
+    const T want = comm::testing::reference_tree_sum(columns[i].data(), static_cast<int>(columns[i].size()));
     ASSERT_EQ(std::memcmp(&values[i], &want, sizeof(T)), 0)
         << what << " element " << i << ": " << values[i] << " vs " << want << " (" << columns[i].size() << " leaves)";
   }
 }
 
-class CudaGradientTree : public ::testing::TestWithParam<Device> {};
+class CudaGradientTree : public testing::DeviceTest {};
 
 template <typename T>
 void check_leaf_counts(Device device) {
@@ -80,14 +72,12 @@ void check_leaf_counts(Device device) {
 }
 
 TEST_P(CudaGradientTree, EveryLeafCountFoldsInTreeOrder) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   check_leaf_counts<float>(GetParam());
   check_leaf_counts<double>(GetParam());
 }
 
 // The final leaf folded range by range, in any order of ranges, is the tree's sum.
 TEST_P(CudaGradientTree, FinishRangeGivesTheTreesBitsRangeByRange) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   for (int n = 1; n <= 7; ++n) {
     GradientTree tree;
@@ -127,7 +117,6 @@ Tensor host_pairwise_fold(const std::vector<Tensor>& leaves, size_t lo, size_t h
 // bf16 takes another path on a GPU (comm's fold kernel, through f32): compared with the
 // host's tree_reduce on the same bytes.
 TEST_P(CudaGradientTree, Bf16LeavesFoldAsTreeReduceOnTheHost) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const Device device = GetParam();
   for (int n : {2, 3, 5, 8}) {
     GradientTree tree;

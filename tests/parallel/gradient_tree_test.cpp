@@ -1,5 +1,5 @@
 // GradientTree folds leaves as the split-at-the-largest-power-of-two tree: checked against
-// a recursive fold written here, on values where any other order gives other bits.
+// the conformance suite's recursive fold, on values where any other order gives other bits.
 #include "lockstep/parallel/gradient_tree.h"
 
 #include <gtest/gtest.h>
@@ -11,12 +11,7 @@
 namespace lockstep::parallel {
 namespace {
 
-float fold(const std::vector<float>& v, size_t lo, size_t hi) {
-  if (hi - lo == 1) return v[lo];
-  size_t p = 1;
-  while (p * 2 < hi - lo) p *= 2;
-  return fold(v, lo, lo + p) + fold(v, lo + p, hi);
-}
+using comm::testing::reference_tree_sum;
 
 TEST(GradientTree, EveryLeafCountFoldsInTreeOrder) {
   for (int n = 1; n <= 20; ++n) {
@@ -37,7 +32,7 @@ TEST(GradientTree, EveryLeafCountFoldsInTreeOrder) {
     EXPECT_EQ(sums[0].shape(), (Shape{8, 8}));
     const float* got = sums[0].data<float>();
     for (int64_t i = 0; i < count; ++i) {
-      const float want = fold(columns[i], 0, columns[i].size());
+      const float want = reference_tree_sum(columns[i].data(), static_cast<int>(columns[i].size()));
       ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << n << " leaves, element " << i << ": " << got[i] << " vs " << want;
     }
   }
@@ -70,7 +65,7 @@ TEST(GradientTree, FinishRangeGivesTheTreesBitsRangeByRange) {
     EXPECT_EQ(tree.leaves(), 0);
     const float* got = out.data<float>();
     for (int64_t i = 0; i < count; ++i) {
-      const float want = fold(columns[i], 0, columns[i].size());
+      const float want = reference_tree_sum(columns[i].data(), static_cast<int>(columns[i].size()));
       ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << n << " leaves, element " << i;
     }
   }

@@ -33,12 +33,24 @@ inline std::string missing_device(Device device, int count = 1) {
 }  // namespace lockstep::testing
 
 // Skips the current test unless `device` (and, for cuda, that many devices) is available.
-#define LOCKSTEP_SKIP_UNLESS_DEVICE(device, ...)                                                  \
-  do {                                                                                            \
+#define LOCKSTEP_SKIP_UNLESS_DEVICE(device, ...)                                                                 \
+  do {                                                                                                           \
     const std::string lockstep_missing = ::lockstep::testing::missing_device(device __VA_OPT__(, ) __VA_ARGS__); \
-    if (!lockstep_missing.empty()) GTEST_SKIP() << lockstep_missing;                              \
+    if (!lockstep_missing.empty()) GTEST_SKIP() << lockstep_missing;                                             \
   } while (0)
 
 // For INSTANTIATE_TEST_SUITE_P(Devices, Suite, LOCKSTEP_TEST_DEVICES).
 #define LOCKSTEP_TEST_DEVICES \
   ::testing::ValuesIn(::lockstep::testing::test_devices()), ::lockstep::testing::device_case_name
+
+namespace lockstep::testing {
+
+// The base of a suite whose cases run on each test device (TEST_P, and
+// INSTANTIATE_TEST_SUITE_P(Devices, Suite, LOCKSTEP_TEST_DEVICES)): a case whose device is
+// missing is skipped, with the reason, before its body runs; no case has to remember to ask.
+class DeviceTest : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override { LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam()); }
+};
+
+}  // namespace lockstep::testing
