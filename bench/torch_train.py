@@ -61,6 +61,7 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--device", default="cpu", help="cpu, cpu:0 or cuda:0 (batches copied there each step)")
+    parser.add_argument("--precision", default="f32", choices=["f32", "bf16", "f16"], help="autocast's type on GPUs")
     parser.add_argument("--probe", action="store_true", help="print torch's version and BLAS, then exit")
     args = parser.parse_args()
 
@@ -101,7 +102,12 @@ def main():
         state["at"] += args.batch
         x, y = images.index_select(0, index).to(device), targets.index_select(0, index).to(device)
         t1 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
+        if args.precision == "f32":
+            loss = F.cross_entropy(model(x), y)
+        else:
+            dtype = torch.bfloat16 if args.precision == "bf16" else torch.float16
+            with torch.autocast(device_type=device.type, dtype=dtype):
+                loss = F.cross_entropy(model(x), y)
         t2 = time.perf_counter()
         loss.backward()
         t3 = time.perf_counter()

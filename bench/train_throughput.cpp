@@ -25,6 +25,7 @@
 
 #include "child_process.h"
 #include "lockstep/core/allocator.h"
+#include "lockstep/core/autocast.h"
 #include "lockstep/core/device.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/data/dataloader.h"
@@ -57,6 +58,7 @@ struct Options {
   std::string data = kFashionMnistDefaultDir;
   std::string python = "/usr/bin/python3";
   std::string device = "cpu:0";
+  std::string precision = "f32";  // GPUs: bf16 or f16 products (autocast on both sides)
   // Extra environment for every child, e.g. OMP_WAIT_POLICY=passive.
   std::vector<std::pair<std::string, std::string>> env;
 };
@@ -129,6 +131,7 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
     if (!batch) batch = loader.next();  // next epoch
     auto t1 = Clock::now();
     const Tensor images = batch->images.to(device), labels = batch->labels.to(device);
+    const AutocastGuard autocast(parse_dtype(options.precision));
     Tensor loss_tensor = cross_entropy(model->forward(images), labels);
     auto t2 = Clock::now();
     loss_tensor.backward();
@@ -336,13 +339,14 @@ int parent_main(const std::string& self, const Options& options) {
                   std::to_string(kBatch) + ") " + fmt("%.1f", number(gemm, "mlp_gemms")) + ";";
     for (const std::string& model : options.models) {
       const int64_t steps = options.steps > 0 ? options.steps : default_steps(model);
-      const std::vector<std::string> common = {"--model",   model,
-                                               "--threads", std::to_string(threads),
-                                               "--steps",   std::to_string(steps),
-                                               "--warmup",  std::to_string(options.warmup),
-                                               "--reps",    std::to_string(options.reps),
-                                               "--data",    options.data,
-                                               "--device",  options.device};
+      const std::vector<std::string> common = {"--model",     model,
+                                               "--threads",   std::to_string(threads),
+                                               "--steps",     std::to_string(steps),
+                                               "--warmup",    std::to_string(options.warmup),
+                                               "--reps",      std::to_string(options.reps),
+                                               "--data",      options.data,
+                                               "--device",    options.device,
+                                               "--precision", options.precision};
       std::vector<std::string> ours = {self, "--worker"};
       ours.insert(ours.end(), common.begin(), common.end());
       Row row{model, threads, steps, run_child(ours, child_env(threads, options)), {}, peak};
@@ -376,8 +380,9 @@ int parent_main(const std::string& self, const Options& options) {
   }
   for (const Row& r : rows) {  // one line per run for scripts (scripts/gpu-check)
     if (r.ours.ok && r.theirs.ok) {
-      std::printf("SUMMARY %s threads=%d device=%s ours=%.0f torch=%.0f ratio=%.3f\n", r.model.c_str(), r.threads,
-                  options.device.c_str(), number(r.ours, "samples_per_s"), number(r.theirs, "samples_per_s"),
+      std::printf("SUMMARY %s threads=%d device=%s precision=%s ours=%.0f torch=%.0f ratio=%.3f\n", r.model.c_str(),
+                  r.threads, options.device.c_str(), options.precision.c_str(), number(r.ours, "samples_per_s"),
+                  number(r.theirs, "samples_per_s"),
                   number(r.ours, "samples_per_s") / number(r.theirs, "samples_per_s"));
     }
   }
@@ -428,6 +433,7 @@ int main_checked(int argc, char** argv) {
       {"--data", [&](const std::string& v) { options.data = v; }},
       {"--python", [&](const std::string& v) { options.python = v; }},
       {"--device", [&](const std::string& v) { options.device = v; }},
+      {"--precision", [&](const std::string& v) { options.precision = v; }},
       {"--env",
        [&](const std::string& v) {
          for (const std::string& pair : split(v)) {

@@ -164,6 +164,8 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("devices", &options.devices_flag,
             "devices to train on: a count, cpu, cuda, or cuda:0,cuda:1 (default: every GPU, else one CPU device "
             "per core; ddp: the process's own)");
+  flags.add("precision", &options.precision,
+            "GPUs: f32, or bf16 / f16 matrix products with f32 weights (f16 with a dynamic loss scale)");
   flags.add("strategy", &options.strategy,
             "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
             "lockstep run; zero1: ddp with the optimizer state sharded across the processes; mesh (implied by --dp, "
@@ -222,6 +224,13 @@ int train_main(const std::vector<std::string>& args) {
   const DeviceChoice choice = parse_devices(options.devices_flag, cpu_only ? 0 : cuda::device_count());
   options.devices = choice.count;
   options.device_type = choice.type;
+  if (options.precision != "f32" && options.precision != "bf16" && options.precision != "f16") {
+    throw UsageError("--precision must be f32, bf16 or f16, got '" + options.precision + "'");
+  }
+  if (options.precision != "f32" && options.device_type != DeviceType::cuda) {
+    throw UsageError("--precision " + options.precision +
+                     " runs on GPU devices; CPU devices compute in f32 (leave --precision out)");
+  }
   // A transformer wants Adam: SGD's default learning rate barely moves it.
   if (options.model == "gpt" && !flags.given("optimizer")) options.optimizer = "adamw";
   if (options.lr < 0) options.lr = default_lr(options.optimizer);
@@ -310,7 +319,7 @@ int train_main(const std::vector<std::string>& args) {
   const std::vector<std::string> local_names = strategy->local_devices();
   for (const Device& d : allocators) reset_peak_memory_stats(d);
   const auto start = Clock::now();
-  int64_t samples = 0;
+  int64_t samples = 0, skipped_steps = 0;
   double last_loss = NAN;
   while (position.step < total_steps) {
     const std::optional<Batch> batch = loader.next();
@@ -318,6 +327,7 @@ int train_main(const std::vector<std::string>& args) {
     strategy->set_lr(lr_schedule.lr_at(options.lr, position.step));
     const parallel::StepResult step = strategy->step(*batch, static_cast<uint64_t>(position.step), options.seed);
     report.add_step(step.devices);
+    skipped_steps += step.skipped;
     ++position.step;
     samples += batch->size();
     last_loss = step.loss;
@@ -369,7 +379,9 @@ int train_main(const std::vector<std::string>& args) {
       {"accumulation_steps", accumulation},
       {"optimizer", options.optimizer},
       {"lr", options.lr},
+      {"precision", options.precision},
       {"steps", position.step},
+      {"skipped_steps", skipped_steps},
       {"epoch", position.data.epoch},
       {"train_samples", samples},
       {"train_seconds", train_seconds},

@@ -66,7 +66,8 @@ class DataParallelStrategy final : public TrainStrategy {
              .device_type = options.device_type,
              .micro_batch = options.micro_batch,
              .threads_per_device = std::max(1, threads / static_cast<int>(options.devices)),
-             .zero1 = false},
+             .zero1 = false,
+             .precision = parse_dtype(options.precision)},
             [&](int) { return make_replica(); }, make_optimizer) {}
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
@@ -161,7 +162,8 @@ class DistributedStrategy final : public TrainStrategy {
             .micro_batch = options.micro_batch,
             .bucket_bytes = std::max<int64_t>(1, bucket_bytes),
             .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20)),
-            .zero1 = options.strategy == "zero1"});
+            .zero1 = options.strategy == "zero1",
+            .precision = parse_dtype(options.precision)});
   }
 
   int threads_;

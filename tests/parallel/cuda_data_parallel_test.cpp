@@ -19,11 +19,13 @@ using namespace step_testing;
 const Device kCuda0(DeviceType::cuda, 0);
 const Device kCuda1(DeviceType::cuda, 1);
 
-Weights train(DeviceType type, int devices, const std::string& model, std::vector<double>* losses) {
+Weights train(DeviceType type, int devices, const std::string& model, std::vector<double>* losses,
+              DType precision = DType::f32) {
   DataParallelOptions options;
   options.devices = devices;
   options.device_type = type;
   options.micro_batch = 4;
+  options.precision = precision;
   DataParallel dp(
       options, [&](int) { return nn::make_model(model, kSeed); },
       [](std::vector<Tensor> params) {
@@ -65,6 +67,36 @@ TEST(CudaDataParallel, TheGpuStepIsTheCpuStepUpToRounding) {
     }
     for (size_t s = 0; s < gpu_losses.size(); ++s)
       EXPECT_NEAR(gpu_losses[s], cpu_losses[s], 1e-4) << model << " step " << s;
+  }
+}
+
+TEST(CudaDataParallel, MixedPrecisionKeepsTheBitsAcrossDevicesAndTheLossNearF32) {
+  LOCKSTEP_SKIP_UNLESS_DEVICE(kCuda1, 2);
+  std::vector<double> f32_losses;
+  train(DeviceType::cuda, 1, "cnn", &f32_losses);
+  for (const DType precision : {DType::bf16, DType::f16}) {
+    std::vector<double> one_losses, two_losses;
+    const Weights one = train(DeviceType::cuda, 1, "cnn", &one_losses, precision);
+    const Weights two = train(DeviceType::cuda, 2, "cnn", &two_losses, precision);
+    EXPECT_TRUE(same_bits(one, two)) << dtype_name(precision);
+    EXPECT_EQ(one_losses, two_losses) << dtype_name(precision);
+    for (size_t s = 0; s < one_losses.size(); ++s)
+      EXPECT_NEAR(one_losses[s], f32_losses[s], 2e-2) << dtype_name(precision) << " step " << s;
+  }
+}
+
+TEST(CudaDataParallel, MixedPrecisionOnCpuDevicesIsAClearError) {
+  DataParallelOptions options;
+  options.precision = DType::bf16;
+  try {
+    DataParallel dp(
+        options, [](int) { return nn::make_model("mlp", kSeed); },
+        [](std::vector<Tensor> params) {
+          return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1});
+        });
+    FAIL() << "bf16 on cpu:0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs on GPU devices"), std::string::npos) << e.what();
   }
 }
 

@@ -28,6 +28,7 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
   LOCKSTEP_CHECK(options.devices >= 1) << "data parallel needs at least one device, got " << options.devices;
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
+  check_precision(options.precision, Device(options.device_type, 0));
   LOCKSTEP_CHECK(!(options.zero1 && options.device_type == DeviceType::cuda))
       << "ZeRO-1 over CUDA devices in one process is not supported yet: use --strategy dp without zero1, or one "
          "process per GPU (lockstep run ... --strategy zero1 --backend nccl)";
@@ -46,6 +47,7 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
       optimizers_.push_back(make_optimizer(replicas_.back()->parameters()));
     }
   }
+  if (options.precision == DType::f16) scalers_.resize(static_cast<size_t>(options.devices));
   workers_ = std::make_unique<DeviceWorkers>(
       options.devices, options.threads_per_device, [this](int device, const std::string& message) {
         // The other devices stop waiting for this one.
@@ -63,14 +65,26 @@ void DataParallel::set_lr(double lr) {
 double DataParallel::lr() const { return options_.zero1 ? sharded_[0]->lr() : optimizers_[0]->lr(); }
 
 NamedTensors DataParallel::optimizer_state() {
-  if (!options_.zero1) return optimizers_[0]->state_dict();
+  if (!options_.zero1) {
+    NamedTensors state = optimizers_[0]->state_dict();
+    if (!scalers_.empty()) {
+      for (auto& entry : scalers_[0].state_dict()) state.push_back(std::move(entry));
+    }
+    return state;
+  }
   std::vector<NamedTensors> states(static_cast<size_t>(devices()));
   workers_->run([&](int d) { states[static_cast<size_t>(d)] = sharded_[static_cast<size_t>(d)]->full_state_dict(); });
   return states[0];
 }
 
 void DataParallel::load_optimizer_state(const NamedTensors& state) {
-  for (const auto& optimizer : optimizers_) optimizer->load_state_dict(state);
+  NamedTensors optimizer_state = state;
+  const NamedTensors scaler_state = optim::extract_scaler_state(optimizer_state);
+  // A checkpoint of an f32 or bf16 run has no scaler state: f16 then starts from the default scale.
+  if (!scaler_state.empty()) {
+    for (auto& scaler : scalers_) scaler.load_state_dict(scaler_state);
+  }
+  for (const auto& optimizer : optimizers_) optimizer->load_state_dict(optimizer_state);
   for (const auto& optimizer : sharded_) optimizer->load_full_state_dict(state);
 }
 
@@ -91,8 +105,9 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   const int64_t per_device = batch / devices();
   GradientTree tree;
   for (int64_t first = device * per_device; first < (device + 1) * per_device; first += micro) {
-    const Tensor loss =
-        run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed, this->device(device));
+    const Precision precision{options_.precision, scalers_.empty() ? 1.0 : scalers_[device].scale()};
+    const Tensor loss = run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed,
+                                        this->device(device), precision);
     // The loss rides along as a second leaf entry, so it is summed in the same order.
     tree.add_leaf({gradients.take_all(), loss});
   }
@@ -110,8 +125,14 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
     all_reduce_on_host(comm, sums[0]);
     times.communicate = seconds_since(start);
     start = StepClock::now();
+    bool finite = true;
+    if (!scalers_.empty()) {  // every device sees the same sum, so all decide alike
+      finite = scalers_[device].unscale({sums[0]});
+      scalers_[device].update(finite);
+      if (device == 0) result.skipped = !finite;
+    }
     gradients.give(sums[0]);
-    optimizers_[device]->step();
+    if (finite) optimizers_[device]->step();
     optimizers_[device]->zero_grad();
     times.optimizer = seconds_since(start);
     return;

@@ -14,6 +14,7 @@
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/nn/module.h"
+#include "lockstep/optim/loss_scaler.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/device_workers.h"
 #include "lockstep/parallel/flat_gradients.h"
@@ -28,6 +29,9 @@ struct DataParallelOptions {
   int64_t micro_batch = 1;  // samples per micro-batch: the leaf of the step's tree
   int threads_per_device = 1;
   bool zero1 = false;  // shard the optimizer state across the devices (ZeRO stage 1)
+  // GPU devices: the type matrix products read (bf16, f16; core/autocast.h); f16 also scales
+  // the loss (optim/loss_scaler.h) and skips steps whose gradients overflow.
+  DType precision = DType::f32;
 };
 
 class DataParallel {
@@ -57,8 +61,8 @@ class DataParallel {
   void set_lr(double lr);
   double lr() const;
   // The optimizer state as one unsharded optimizer over a replica's parameters holds it
-  // (the same for every device; under zero1 gathered from the shards), and its loading into
-  // every device.
+  // (the same for every device; under zero1 gathered from the shards; under f16 with the
+  // loss scaler's entries), and its loading into every device.
   NamedTensors optimizer_state();
   void load_optimizer_state(const NamedTensors& state);
   // Bytes of optimizer state device d holds (1/devices() of the whole under zero1).
@@ -74,6 +78,7 @@ class DataParallel {
   std::vector<FlatGradients> gradients_;
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;  // without zero1
   std::vector<std::unique_ptr<ShardedOptimizer>> sharded_;     // with zero1
+  std::vector<optim::LossScaler> scalers_;                     // f16: one per device, all alike
   std::vector<std::shared_ptr<comm::Communicator>> comms_;
   std::unique_ptr<DeviceWorkers> workers_;
 };

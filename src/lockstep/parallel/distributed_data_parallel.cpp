@@ -44,6 +44,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       << options.bucket_bytes;
   // Every rank starts from rank 0's weights and buffers.
   for (const auto& [name, tensor] : model_->state_dict()) comm_->broadcast(tensor, 0);
+  check_precision(options.precision, gradients_.params().front().device());
+  LOCKSTEP_CHECK(!(options.zero1 && options.precision == DType::f16))
+      << "f16 with ZeRO-1 is not supported yet: use bf16 (no loss scale needed) or --strategy ddp";
+  if (options.precision == DType::f16) scaler_.emplace();
   if (options.zero1) {
     sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer);
   } else {
@@ -78,15 +82,23 @@ void DistributedDataParallel::set_lr(double lr) {
 double DistributedDataParallel::lr() const { return sharded_ ? sharded_->lr() : optimizer_->lr(); }
 
 NamedTensors DistributedDataParallel::optimizer_state() {
-  return sharded_ ? sharded_->full_state_dict() : optimizer_->state_dict();
+  if (sharded_) return sharded_->full_state_dict();
+  NamedTensors state = optimizer_->state_dict();
+  if (scaler_) {
+    for (auto& entry : scaler_->state_dict()) state.push_back(std::move(entry));
+  }
+  return state;
 }
 
 void DistributedDataParallel::load_optimizer_state(const NamedTensors& state) {
   if (sharded_) {
     sharded_->load_full_state_dict(state);
-  } else {
-    optimizer_->load_state_dict(state);
+    return;
   }
+  NamedTensors optimizer_state = state;
+  const NamedTensors scaler_state = optim::extract_scaler_state(optimizer_state);
+  if (scaler_ && !scaler_state.empty()) scaler_->load_state_dict(scaler_state);
+  optimizer_->load_state_dict(optimizer_state);
 }
 
 int64_t DistributedDataParallel::optimizer_state_bytes() const {
@@ -159,7 +171,9 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
       next_bucket_ = 0;
       collecting_ = true;
     }
-    losses.add_leaf({run_micro_batch(*model_, images, labels, first, micro, batch, first_sample, step, seed, device)});
+    const Precision precision{options_.precision, scaler_ ? scaler_->scale() : 1.0};
+    losses.add_leaf(
+        {run_micro_batch(*model_, images, labels, first, micro, batch, first_sample, step, seed, device, precision)});
     if (!last) tree_.add_leaf({gradients_.take_all()});
   }
   // Parameters backward did not reach (unused in this step) count as zeros.
@@ -186,8 +200,14 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   if (!sharded_) {
     times.communicate = seconds_since(start);
     start = StepClock::now();
+    bool finite = true;
+    if (scaler_) {  // every rank sees the same sum, so all decide alike
+      finite = scaler_->unscale({last_leaf_});
+      scaler_->update(finite);
+      result.skipped = !finite;
+    }
     gradients_.give(last_leaf_);
-    optimizer_->step();
+    if (finite) optimizer_->step();
     optimizer_->zero_grad();
     last_leaf_ = Tensor();
     times.optimizer = seconds_since(start);

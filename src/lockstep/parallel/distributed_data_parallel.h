@@ -18,11 +18,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/comm/work.h"
 #include "lockstep/nn/module.h"
+#include "lockstep/optim/loss_scaler.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/flat_gradients.h"
 #include "lockstep/parallel/gradient_tree.h"
@@ -36,6 +38,9 @@ struct DistributedDataParallelOptions {
   int64_t bucket_bytes = int64_t{25} << 20;  // gradient bytes per all-reduce (PyTorch's bucket_cap_mb)
   int64_t first_bucket_bytes = int64_t{1} << 20;
   bool zero1 = false;  // shard the optimizer state across the ranks
+  // GPU ranks: the type matrix products read (bf16, f16; core/autocast.h); f16 also scales
+  // the loss (optim/loss_scaler.h) and skips steps whose gradients overflow.
+  DType precision = DType::f32;
 };
 
 // A contiguous range of the flat gradient buffer, reduced by one all-reduce.
@@ -85,6 +90,7 @@ class DistributedDataParallel {
   FlatGradients gradients_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // without zero1
   std::unique_ptr<ShardedOptimizer> sharded_;    // with zero1
+  std::optional<optim::LossScaler> scaler_;      // f16
   std::vector<GradientBucket> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter
 

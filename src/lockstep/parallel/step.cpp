@@ -3,6 +3,7 @@
 #include <bit>
 #include <sstream>
 
+#include "lockstep/core/autocast.h"
 #include "lockstep/ops/ops.h"
 
 namespace lockstep::parallel {
@@ -25,8 +26,18 @@ std::string check_step_layout(int64_t batch, int64_t micro_batch, int devices) {
   return error.str();
 }
 
+void check_precision(DType autocast, Device device) {
+  LOCKSTEP_CHECK(autocast == DType::f32 || autocast == DType::bf16 || autocast == DType::f16)
+      << "precision " << dtype_name(autocast) << " is not one of f32, bf16, f16";
+  LOCKSTEP_CHECK(autocast == DType::f32 || device.is_cuda())
+      << "mixed precision (" << dtype_name(autocast) << ") runs on GPU devices; " << device
+      << " computes in f32: leave the precision at f32";
+}
+
 Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& labels, int64_t first, int64_t count,
-                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device) {
+                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device,
+                       const Precision& precision) {
+  const AutocastGuard autocast(precision.autocast);  // backward runs on this thread too
   const Tensor x = slice(images, 0, first, first + count).to(device);
   const Tensor y = slice(labels, 0, first, first + count).to(device);
   model.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
@@ -36,7 +47,8 @@ Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& la
   const Tensor logits = flatten(model(x), 0, -2);  // [predictions, classes]
   const double weight = static_cast<double>(batch * (logits.size(0) / count));
   const Tensor loss = cross_entropy(logits, flatten(y, 0), Reduction::sum);
-  loss.backward(Tensor::scalar(1.0 / weight, DType::f32, device));
+  // The scale is a power of two: scale / weight rounds as 1 / weight does, times the scale.
+  loss.backward(Tensor::scalar(precision.loss_scale / weight, DType::f32, device));
   // The loss divided where it lies (f32 to f64 is exact; one IEEE division, as on the host),
   // so a GPU step does not wait for it.
   return div(reshape(loss.detach(), {1}).to(DType::f64), Tensor::full({1}, weight, DType::f64, device));

@@ -32,6 +32,14 @@ inline double seconds_since(StepClock::time_point start) {
 struct StepResult {
   double loss = 0;  // mean cross-entropy over the global batch, summed in tree order
   std::vector<DeviceTimes> devices;
+  bool skipped = false;  // f16: a gradient overflowed, so no update (the loss scale halved)
+};
+
+// How a step computes on GPUs: the type its matrix products read (core/autocast.h; f32 is
+// plain f32) and, for f16, the loss scale its backward starts from (optim/loss_scaler.h).
+struct Precision {
+  DType autocast = DType::f32;
+  double loss_scale = 1.0;
 };
 
 // "" when `devices` devices can share a step of `batch` samples in micro-batches of
@@ -46,7 +54,13 @@ std::string check_step_layout(int64_t batch, int64_t micro_batch, int devices);
 // micro-batch counts alike whichever device runs it; dropout is keyed by global sample
 // index. The gradients land in the parameters' .grad. Returns the micro-batch's share of the
 // mean loss as a one-element f64 tensor: the loss's own leaf.
+// Under `precision` the products run in its autocast type and the gradients come out
+// multiplied by its loss scale; the returned loss is never scaled.
 Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& labels, int64_t first, int64_t count,
-                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device);
+                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device,
+                       const Precision& precision = {});
+
+// Checks a precision for a data-parallel layout: f32, or bf16 and f16 on GPU devices.
+void check_precision(DType autocast, Device device);
 
 }  // namespace lockstep::parallel

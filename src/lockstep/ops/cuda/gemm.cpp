@@ -15,9 +15,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
+#include "lockstep/core/autocast.h"
+#include "lockstep/core/cuda/copy_kernels.h"
 #include "lockstep/core/cuda/runtime.h"
 #include "lockstep/core/error.h"
+#include "lockstep/core/tensor.h"
 #include "lockstep/ops/cuda/cublas_handle.h"
 
 namespace lockstep::ops::cuda {
@@ -68,26 +72,81 @@ bool empty_inner_product(int64_t m, int64_t n, int64_t k, T beta, T* c, int64_t 
   return true;
 }
 
+// Under autocast (core/autocast.h), f32 operands are read as bf16 or f16: each is rounded
+// once into scratch from the device's allocator (freed blocks are reused in the stream's
+// order, after the product has read them), and cuBLAS multiplies them on tensor cores,
+// accumulating and writing in f32.
+struct ReducedOperands {
+  Tensor a, b;  // the rounded copies; undefined when the product runs in f32
+  cudaDataType_t type = CUDA_R_32F;
+};
+
+// Elements a matrix of `rows` rows of `cols` at leading dimension ld spans, `batch` times
+// at `stride`.
+int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+Tensor rounded_copy(const float* x, int64_t count, DType dtype, Device device, cudaStream_t stream) {
+  Tensor out = Tensor::empty({count}, dtype, device);
+  lockstep::cuda::StridedView from, to;
+  from.base = const_cast<float*>(x);
+  from.dtype = DType::f32;
+  from.strides[0] = 1;
+  to.base = out.data_ptr();
+  to.dtype = dtype;
+  to.strides[0] = 1;
+  lockstep::cuda::copy_elements(from, to, &count, 1, count, stream);
+  return out;
+}
+
+ReducedOperands reduce_operands(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                                int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, int64_t batch,
+                                Device device, cudaStream_t stream) {
+  ReducedOperands r;
+  const DType dtype = autocast_dtype();
+  if (dtype == DType::f32) return r;
+  // As stored (row-major): A is [m, k], or [k, m] when transposed; B [k, n] or [n, k].
+  r.a = rounded_copy(a, span(ta ? k : m, ta ? m : k, lda, stride_a, batch), dtype, device, stream);
+  r.b = rounded_copy(b, span(tb ? n : k, tb ? k : n, ldb, stride_b, batch), dtype, device, stream);
+  r.type = dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  return r;
+}
+
 void call_gemm(cublasHandle_t h, bool ta, bool tb, const Dims& d, float alpha, const float* a, const float* b,
-               float beta, float* c) {
+               float beta, float* c, const ReducedOperands& reduced) {
+  if (reduced.a.defined()) {
+    LOCKSTEP_CUBLAS_CHECK(cublasGemmEx(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, reduced.b.data_ptr(), reduced.type,
+                                       d.ldb, reduced.a.data_ptr(), reduced.type, d.lda, &beta, c, CUDA_R_32F, d.ldc,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
   LOCKSTEP_CUBLAS_CHECK(cublasGemmEx(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, CUDA_R_32F, d.ldb, a, CUDA_R_32F,
                                      d.lda, &beta, c, CUDA_R_32F, d.ldc, f32_compute(), CUBLAS_GEMM_DEFAULT));
 }
 
 void call_gemm(cublasHandle_t h, bool ta, bool tb, const Dims& d, double alpha, const double* a, const double* b,
-               double beta, double* c) {
+               double beta, double* c, const ReducedOperands&) {
   LOCKSTEP_CUBLAS_CHECK(cublasDgemm(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, a, d.lda, &beta, c, d.ldc));
 }
 
 void call_batched(cublasHandle_t h, bool ta, bool tb, const Dims& d, float alpha, const float* a, int64_t sa,
-                  const float* b, int64_t sb, float beta, float* c, int64_t sc, int batch) {
+                  const float* b, int64_t sb, float beta, float* c, int64_t sc, int batch,
+                  const ReducedOperands& reduced) {
+  if (reduced.a.defined()) {
+    LOCKSTEP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, op(tb), op(ta), d.n, d.m, d.k, &alpha, reduced.b.data_ptr(), reduced.type, d.ldb, sb, reduced.a.data_ptr(),
+        reduced.type, d.lda, sa, &beta, c, CUDA_R_32F, d.ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
   LOCKSTEP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, CUDA_R_32F, d.ldb, sb,
                                                    a, CUDA_R_32F, d.lda, sa, &beta, c, CUDA_R_32F, d.ldc, sc, batch,
                                                    f32_compute(), CUBLAS_GEMM_DEFAULT));
 }
 
 void call_batched(cublasHandle_t h, bool ta, bool tb, const Dims& d, double alpha, const double* a, int64_t sa,
-                  const double* b, int64_t sb, double beta, double* c, int64_t sc, int batch) {
+                  const double* b, int64_t sb, double beta, double* c, int64_t sc, int batch, const ReducedOperands&) {
   LOCKSTEP_CUBLAS_CHECK(cublasDgemmStridedBatched(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, sb, a, d.lda, sa,
                                                   &beta, c, d.ldc, sc, batch));
 }
@@ -101,7 +160,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   const Dims dims = checked_dims(trans_a, trans_b, m, n, k, lda, ldb, ldc);
   lockstep::cuda::OnDevice on(device);
   if (empty_inner_product(m, n, k, beta, c, ldc, 0, 1, on.stream())) return;
-  call_gemm(cublas_handle(device), trans_a, trans_b, dims, alpha, a, b, beta, c);
+  ReducedOperands reduced;
+  if constexpr (std::is_same_v<T, float>) {
+    reduced = reduce_operands(trans_a, trans_b, m, n, k, a, lda, 0, b, ldb, 0, 1, device, on.stream());
+  }
+  call_gemm(cublas_handle(device), trans_a, trans_b, dims, alpha, a, b, beta, c, reduced);
 }
 
 template <typename T>
@@ -120,8 +183,13 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   LOCKSTEP_CHECK(stride_a > 0 && stride_b > 0)
       << "batched GEMM on a GPU: A's and B's strides (" << stride_a << ", " << stride_b
       << ") must be positive; pass a matrix shared by every product as one [batch·m, k] product instead";
-  call_batched(cublas_handle(device), trans_a, trans_b, dims, alpha, a, stride_a, b, stride_b, beta, c, stride_c,
-               count);
+  ReducedOperands reduced;
+  if constexpr (std::is_same_v<T, float>) {
+    reduced =
+        reduce_operands(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, batch, device, on.stream());
+  }
+  call_batched(cublas_handle(device), trans_a, trans_b, dims, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count,
+               reduced);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,

@@ -3,7 +3,8 @@
 // [k, n] after op, C is [m, n], and every matrix is row-major with the given leading
 // dimension (the distance between rows as stored). Pointers are device pointers on
 // `device`; the product is queued on the device's stream. f32 uses TF32 tensor cores only
-// while cuda::allow_tf32() is on. Plain C++ header (no CUDA includes).
+// while cuda::allow_tf32() is on, and reads its operands as bf16 or f16 (accumulating in f32)
+// under autocast (core/autocast.h). Plain C++ header (no CUDA includes).
 #pragma once
 
 #include <cstdint>
