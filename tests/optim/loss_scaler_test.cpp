@@ -10,10 +10,9 @@
 namespace lockstep::optim {
 namespace {
 
-class LossScalerTest : public ::testing::TestWithParam<Device> {};
+class LossScalerTest : public lockstep::testing::DeviceTest {};
 
 TEST_P(LossScalerTest, UnscalesExactlyAndFindsInfAndNan) {
-  LOCKSTEP_SKIP_UNLESS_DEVICE(GetParam());
   const LossScaler scaler({.init_scale = 1024.0});
   const std::vector<float> values = {3.0f, -1e-30f, 0.0f, -0.0f, 1e30f, 7.25f};
   const Tensor a = Tensor::from_vector(values, {2, 3}, GetParam());
