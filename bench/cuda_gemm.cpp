@@ -76,9 +76,9 @@ double cublas_best_seconds(cublasLtHandle_t lt, const Product& s, cudaDataType_t
   check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                              sizeof workspace_bytes),
         "workspace preference");
-  cublasLtMatmulHeuristicResult_t results[16] = {};
+  cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
-  check(cublasLtMatmulAlgoGetHeuristic(lt, desc, lb, la, lc, lc, preference, 16, results, &found), "heuristic");
+  check(cublasLtMatmulAlgoGetHeuristic(lt, desc, lb, la, lc, lc, preference, 8, results, &found), "heuristic");
   const float alpha = 1.0f, beta = 0.0f;
   double best = 1e30;
   for (int i = 0; i < found; ++i) {
