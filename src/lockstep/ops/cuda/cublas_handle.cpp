@@ -5,6 +5,7 @@
 
 #include "lockstep/core/cuda/runtime.h"
 #include "lockstep/core/error.h"
+#include "lockstep/ops/cuda/cublas_library.h"
 
 namespace lockstep::ops::cuda {
 namespace {
@@ -17,21 +18,21 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 cublasHandle_t make_handle(Device device) {
   lockstep::cuda::DeviceScope scope(device);
   cublasHandle_t handle = nullptr;
-  LOCKSTEP_CUBLAS_CHECK(cublasCreate(&handle));
+  LOCKSTEP_CUBLAS_CHECK(cublas().create(&handle));
   // Stream first: cublasSetStream puts the library's default workspace back.
-  LOCKSTEP_CUBLAS_CHECK(cublasSetStream(handle, lockstep::cuda::stream(device)));
+  LOCKSTEP_CUBLAS_CHECK(cublas().set_stream(handle, lockstep::cuda::stream(device)));
   // Never freed, like the handle: tensors (and the ops that free them) outlive statics.
   // Outside the caching allocator, so it stays out of the device's memory statistics.
   void* workspace = nullptr;
   LOCKSTEP_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
-  LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, kWorkspaceBytes));
+  LOCKSTEP_CUBLAS_CHECK(cublas().set_workspace(handle, workspace, kWorkspaceBytes));
   // Full f32 products by default; TF32 is asked for per call (ops/cuda/gemm.cpp picks the
   // compute type from cuda::allow_tf32()), so no call changes the handle's state and two
   // threads queueing on one device's handle cannot race on it.
-  LOCKSTEP_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+  LOCKSTEP_CUBLAS_CHECK(cublas().set_math_mode(handle, CUBLAS_DEFAULT_MATH));
   // Atomics stay off (cuBLAS's default): the routines that would use them give
   // order-dependent sums.
-  LOCKSTEP_CUBLAS_CHECK(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
+  LOCKSTEP_CUBLAS_CHECK(cublas().set_atomics_mode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
   return handle;
 }
 
@@ -39,8 +40,8 @@ cublasHandle_t make_handle(Device device) {
 
 void check_cublas(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  LOCKSTEP_FAIL() << "cuBLAS: " << call << " failed: " << cublasGetStatusName(status) << ": "
-                  << cublasGetStatusString(status);
+  LOCKSTEP_FAIL() << "cuBLAS: " << call << " failed: " << cublas().status_name(status) << ": "
+                  << cublas().status_string(status);
 }
 
 cublasHandle_t cublas_handle(Device device) {

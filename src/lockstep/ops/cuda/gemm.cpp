@@ -23,6 +23,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/core/tensor.h"
 #include "lockstep/ops/cuda/cublas_handle.h"
+#include "lockstep/ops/cuda/cublas_library.h"
 
 namespace lockstep::ops::cuda {
 namespace {
@@ -117,38 +118,38 @@ ReducedOperands reduce_operands(bool ta, bool tb, int64_t m, int64_t n, int64_t 
 void call_gemm(cublasHandle_t h, bool ta, bool tb, const Dims& d, float alpha, const float* a, const float* b,
                float beta, float* c, const ReducedOperands& reduced) {
   if (reduced.a.defined()) {
-    LOCKSTEP_CUBLAS_CHECK(cublasGemmEx(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, reduced.b.data_ptr(), reduced.type,
-                                       d.ldb, reduced.a.data_ptr(), reduced.type, d.lda, &beta, c, CUDA_R_32F, d.ldc,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    LOCKSTEP_CUBLAS_CHECK(cublas().gemm_ex(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, reduced.b.data_ptr(), reduced.type,
+                                           d.ldb, reduced.a.data_ptr(), reduced.type, d.lda, &beta, c, CUDA_R_32F,
+                                           d.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
-  LOCKSTEP_CUBLAS_CHECK(cublasGemmEx(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, CUDA_R_32F, d.ldb, a, CUDA_R_32F,
-                                     d.lda, &beta, c, CUDA_R_32F, d.ldc, f32_compute(), CUBLAS_GEMM_DEFAULT));
+  LOCKSTEP_CUBLAS_CHECK(cublas().gemm_ex(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, CUDA_R_32F, d.ldb, a, CUDA_R_32F,
+                                         d.lda, &beta, c, CUDA_R_32F, d.ldc, f32_compute(), CUBLAS_GEMM_DEFAULT));
 }
 
 void call_gemm(cublasHandle_t h, bool ta, bool tb, const Dims& d, double alpha, const double* a, const double* b,
                double beta, double* c, const ReducedOperands&) {
-  LOCKSTEP_CUBLAS_CHECK(cublasDgemm(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, a, d.lda, &beta, c, d.ldc));
+  LOCKSTEP_CUBLAS_CHECK(cublas().dgemm(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, a, d.lda, &beta, c, d.ldc));
 }
 
 void call_batched(cublasHandle_t h, bool ta, bool tb, const Dims& d, float alpha, const float* a, int64_t sa,
                   const float* b, int64_t sb, float beta, float* c, int64_t sc, int batch,
                   const ReducedOperands& reduced) {
   if (reduced.a.defined()) {
-    LOCKSTEP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+    LOCKSTEP_CUBLAS_CHECK(cublas().gemm_strided_batched_ex(
         h, op(tb), op(ta), d.n, d.m, d.k, &alpha, reduced.b.data_ptr(), reduced.type, d.ldb, sb, reduced.a.data_ptr(),
         reduced.type, d.lda, sa, &beta, c, CUDA_R_32F, d.ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
-  LOCKSTEP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, CUDA_R_32F, d.ldb, sb,
-                                                   a, CUDA_R_32F, d.lda, sa, &beta, c, CUDA_R_32F, d.ldc, sc, batch,
-                                                   f32_compute(), CUBLAS_GEMM_DEFAULT));
+  LOCKSTEP_CUBLAS_CHECK(cublas().gemm_strided_batched_ex(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, CUDA_R_32F, d.ldb,
+                                                         sb, a, CUDA_R_32F, d.lda, sa, &beta, c, CUDA_R_32F, d.ldc, sc,
+                                                         batch, f32_compute(), CUBLAS_GEMM_DEFAULT));
 }
 
 void call_batched(cublasHandle_t h, bool ta, bool tb, const Dims& d, double alpha, const double* a, int64_t sa,
                   const double* b, int64_t sb, double beta, double* c, int64_t sc, int batch, const ReducedOperands&) {
-  LOCKSTEP_CUBLAS_CHECK(cublasDgemmStridedBatched(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, sb, a, d.lda, sa,
-                                                  &beta, c, d.ldc, sc, batch));
+  LOCKSTEP_CUBLAS_CHECK(cublas().dgemm_strided_batched(h, op(tb), op(ta), d.n, d.m, d.k, &alpha, b, d.ldb, sb, a, d.lda,
+                                                       sa, &beta, c, d.ldc, sc, batch));
 }
 
 }  // namespace
