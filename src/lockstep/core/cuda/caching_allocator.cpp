@@ -5,8 +5,8 @@
 // event is needed. Sizes round up to 512 bytes below 1 MiB and to 2 MiB above, which keeps
 // the number of distinct sizes (and so the cache) small for a training step's shapes.
 #include <map>
-#include <string>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "lockstep/core/cuda/runtime.h"

@@ -1,8 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "lockstep/core/cuda/copy_kernels.h"
 #include "lockstep/core/cuda/check.h"
+#include "lockstep/core/cuda/copy_kernels.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep::cuda {

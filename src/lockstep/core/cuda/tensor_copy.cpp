@@ -16,8 +16,8 @@ StridedView view_of(const Tensor& t) {
   view.base = t.storage()->data();
   view.dtype = t.dtype();
   view.offset = t.offset();
-  LOCKSTEP_CHECK(t.dim() <= kMaxCopyDims) << "a copy on a GPU handles at most " << kMaxCopyDims
-                                          << " dimensions; this tensor has " << t.dim();
+  LOCKSTEP_CHECK(t.dim() <= kMaxCopyDims)
+      << "a copy on a GPU handles at most " << kMaxCopyDims << " dimensions; this tensor has " << t.dim();
   for (int64_t k = 0; k < t.dim(); ++k) view.strides[k] = t.strides()[static_cast<size_t>(k)];
   return view;
 }
@@ -86,9 +86,8 @@ void copy_tensor(const Tensor& src, const Tensor& dst) {
   if (from.is_cpu()) {
     // Host to device: the bytes cross in the source's dtype, contiguous; the GPU converts.
     const Tensor host = dense(src, src.dtype());
-    const Tensor staged = dst.is_contiguous() && dst.dtype() == src.dtype()
-                              ? dst
-                              : Tensor::empty(src.shape(), src.dtype(), to);
+    const Tensor staged =
+        dst.is_contiguous() && dst.dtype() == src.dtype() ? dst : Tensor::empty(src.shape(), src.dtype(), to);
     const cudaStream_t s = stream(to);
     DeviceScope scope(to);
     LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(staged.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice, s));
@@ -110,9 +109,8 @@ void copy_tensor(const Tensor& src, const Tensor& dst) {
   }
   // Between GPU devices: contiguous in the source's dtype across, converted on arrival.
   const Tensor sent = dense(src, src.dtype());
-  const Tensor received = dst.is_contiguous() && dst.dtype() == src.dtype()
-                              ? dst
-                              : Tensor::empty(src.shape(), src.dtype(), to);
+  const Tensor received =
+      dst.is_contiguous() && dst.dtype() == src.dtype() ? dst : Tensor::empty(src.shape(), src.dtype(), to);
   copy_between_devices(sent, received);
   if (!received.is_same(dst)) copy_on_device(received, dst);
 }
