@@ -119,7 +119,7 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
   const Device device = Device::parse(options.device);
   const Dataset train_set = load_fashion_mnist(options.data, Split::train);
   const std::shared_ptr<nn::Module> model = nn::make_model(model_name, 0);
-  for (const Tensor& p : model->parameters()) p.set_data(p.to(device));
+  model->to(device);
   optim::SGD sgd(model->parameters(), {.lr = kLr, .momentum = kMomentum});
   DataLoader loader(train_set, {.batch_size = kBatch, .shuffle = true, .seed = 0, .drop_last = true});
 

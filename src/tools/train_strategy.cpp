@@ -42,14 +42,6 @@ std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const D
 
 namespace {
 
-// The module with its parameters and buffers moved to device (the same tensors, so hooks
-// and optimizers made later see them there).
-std::shared_ptr<nn::Module> on_device(std::shared_ptr<nn::Module> module, Device device) {
-  for (const Tensor& p : module->parameters()) p.set_data(p.to(device));
-  for (const auto& [name, buffer] : module->named_buffers()) buffer.set_data(buffer.to(device));
-  return module;
-}
-
 void check_layout(const TrainOptions& options) {
   const std::string error =
       parallel::check_step_layout(options.batch_size, options.micro_batch, static_cast<int>(options.devices));
@@ -114,7 +106,13 @@ class DistributedStrategy final : public TrainStrategy {
       : threads_(threads),
         device_(device),
         ddp_(make_ddp(
-            options, std::move(comm), [&] { return on_device(make_replica(), device); }, make_optimizer)) {}
+            options, std::move(comm),
+            [&] {
+              std::shared_ptr<nn::Module> replica = make_replica();
+              replica->to(device);
+              return replica;
+            },
+            make_optimizer)) {}
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
     // Every rank loads the global batch in the same order and trains on its share.

@@ -68,6 +68,21 @@ TEST(Module, MlpNamesAndShapesMatchPyTorch) {
   EXPECT_EQ(shapes_of(params), (std::vector<Shape>{{512, 784}, {512}, {512, 512}, {512}, {10, 512}, {10}}));
 }
 
+TEST(Module, ToMovesEveryParameterInPlace) {
+  const auto model = make_model("mlp");
+  const std::vector<Tensor> before = model->parameters();
+  std::vector<std::vector<float>> values;
+  for (const Tensor& p : before) values.push_back(p.to_vector<float>());
+  model->to(Device::cpu(1));
+  const std::vector<Tensor> after = model->parameters();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(after[i].is_same(before[i])) << i;  // the same tensors, as optimizers hold them
+    EXPECT_EQ(after[i].device(), Device::cpu(1)) << i;
+    EXPECT_EQ(after[i].to_vector<float>(), values[i]) << i;
+  }
+}
+
 TEST(Module, UnknownModelListsTheChoices) {
   try {
     make_model("resnet");

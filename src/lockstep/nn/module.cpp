@@ -192,6 +192,11 @@ void Module::train(bool on) {
   for (const auto& entry : children_) entry.second->train(on);
 }
 
+void Module::to(Device device) {
+  for (const auto& [name, p] : named_parameters()) p.set_data(p.to(device));
+  for (const auto& [name, buffer] : named_buffers()) buffer.set_data(buffer.to(device));
+}
+
 void Module::zero_grad() {
   for (const auto& entry : named_parameters()) entry.second.set_grad(Tensor());
 }

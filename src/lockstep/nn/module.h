@@ -84,6 +84,9 @@ class Module {
   bool is_training() const { return training_; }
   // Sets every parameter's grad to undefined (PyTorch's zero_grad(set_to_none=True)).
   void zero_grad();
+  // Moves every parameter and buffer to device in place (PyTorch's module.to(device)): the
+  // tensors stay the same objects, so optimizers and hooks made later, or before, see them there.
+  void to(Device device);
 
   // Sets the context on this module and every descendant, and numbers the modules that
   // draw random numbers (uses_randomness()) depth first, so each has its own stream.

@@ -38,8 +38,7 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
     replicas_.push_back(make_replica(d));
     // Each replica lives on its own device, so memory_stats(cpu:d) is device d's memory.
     const Device device = this->device(d);
-    for (const Tensor& p : replicas_.back()->parameters()) p.set_data(p.to(device));
-    for (const auto& [name, buffer] : replicas_.back()->named_buffers()) buffer.set_data(buffer.to(device));
+    replicas_.back()->to(device);
     gradients_.emplace_back(replicas_.back()->parameters(), options.zero1 ? options.devices : 1);
     if (options.zero1) {
       sharded_.push_back(std::make_unique<ShardedOptimizer>(gradients_.back(), *comms_[d], make_optimizer));
