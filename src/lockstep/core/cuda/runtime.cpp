@@ -63,17 +63,13 @@ int physical_device(Device device) {
 cudaStream_t stream(Device device) {
   static std::mutex mutex;
   static auto* streams = new std::vector<cudaStream_t>();  // never freed: tensors outlive statics
-  const int physical = physical_device(device);
+  physical_device(device);                                 // a clear error for a device that does not exist
   std::lock_guard<std::mutex> lock(mutex);
   if (streams->empty()) streams->resize(static_cast<size_t>(device_count()), nullptr);
   cudaStream_t& s = (*streams)[static_cast<size_t>(device.index())];
   if (s == nullptr) {
-    int previous = 0;
-    LOCKSTEP_CUDA_CHECK(cudaGetDevice(&previous));
-    LOCKSTEP_CUDA_CHECK(cudaSetDevice(physical));
-    const cudaError_t rc = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    cudaSetDevice(previous);
-    LOCKSTEP_CUDA_CHECK(rc);
+    const DeviceScope scope(device);  // a stream belongs to the GPU current at its creation
+    LOCKSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   }
   return s;
 }
