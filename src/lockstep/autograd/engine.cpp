@@ -30,24 +30,18 @@ namespace {
 void add_into(const Tensor& dst, const Tensor& src) {
   LOCKSTEP_CHECK(dst.shape() == src.shape())
       << "gradient of shape " << shape_str(src.shape()) << " cannot accumulate into " << shape_str(dst.shape());
-  // CPU devices share the host's memory; a GPU's kernel reads only its own device's.
-  const bool readable = src.device() == dst.device() || (src.device().is_cpu() && dst.device().is_cpu());
-  const Tensor s = readable && src.dtype() == dst.dtype() && src.is_contiguous() ? src : [&] {
-    Tensor t = Tensor::empty(dst.shape(), dst.dtype(), dst.device());
-    t.copy_from(src);
-    return t;
-  }();
+  const Tensor s =
+      same_memory(src.device(), dst.device()) && src.dtype() == dst.dtype() && src.is_contiguous() ? src : [&] {
+        Tensor t = Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+        t.copy_from(src);
+        return t;
+      }();
   const int64_t n = dst.numel();
 #if LOCKSTEP_HAVE_CUDA
   if (dst.device().is_cuda()) {
     lockstep::cuda::OnDevice on(dst.device());
-    if (dst.dtype() == DType::f32) {
-      cuda::add_elements(dst.data_ptr<float>(), s.data_ptr<float>(), dst.data_ptr<float>(), n, on.stream());
-    } else if (dst.dtype() == DType::f64) {
-      cuda::add_elements(dst.data_ptr<double>(), s.data_ptr<double>(), dst.data_ptr<double>(), n, on.stream());
-    } else {
-      LOCKSTEP_FAIL() << "gradients of dtype " << dtype_name(dst.dtype()) << " are not supported (use f32 or f64)";
-    }
+    LOCKSTEP_CHECK(cuda::add_elements(dst.data_ptr(), s.data_ptr(), dst.data_ptr(), n, dst.dtype(), on.stream()))
+        << "gradients of dtype " << dtype_name(dst.dtype()) << " are not supported (use f32 or f64)";
     return;
   }
 #endif

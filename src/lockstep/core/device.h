@@ -34,6 +34,10 @@ class Device {
 
 std::ostream& operator<<(std::ostream& out, const Device& device);
 
+// Whether a kernel on one device can read the other's memory: the same device, or two CPU
+// devices (they share the host's memory). A GPU's kernels read only their own device's.
+inline bool same_memory(Device a, Device b) { return a == b || (a.is_cpu() && b.is_cpu()); }
+
 // Cores of this host available to the process (its CPU affinity mask).
 int host_cores();
 // This host's name (gethostname).

@@ -19,16 +19,7 @@ namespace {
 void add_on_device(const void* left, const void* right, void* out, int64_t count, DType dtype, Device device) {
   if (count == 0) return;
   lockstep::cuda::OnDevice on(device);
-  if (dtype == DType::f32) {
-    autograd::cuda::add_elements(static_cast<const float*>(left), static_cast<const float*>(right),
-                                 static_cast<float*>(out), count, on.stream());
-    return;
-  }
-  if (dtype == DType::f64) {
-    autograd::cuda::add_elements(static_cast<const double*>(left), static_cast<const double*>(right),
-                                 static_cast<double*>(out), count, on.stream());
-    return;
-  }
+  if (autograd::cuda::add_elements(left, right, out, count, dtype, on.stream())) return;  // f32, f64
   comm::check_reducible(dtype, comm::ReduceOp::sum);
   const Tensor rows = Tensor::empty({2, count}, dtype, device);
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
@@ -53,7 +44,7 @@ void add_pair(const void* left, const void* right, void* out, int64_t count, DTy
 
 // Both sums' elements must be readable where the addition runs: on a GPU, that GPU's.
 void check_same_place(const Tensor& a, const Tensor& b, size_t index) {
-  LOCKSTEP_CHECK(a.device() == b.device() || (a.device().is_cpu() && b.device().is_cpu()))
+  LOCKSTEP_CHECK(same_memory(a.device(), b.device()))
       << "gradient " << index << " is on " << a.device() << " in one micro-batch and on " << b.device()
       << " in another; keep every leaf of a gradient tree on one device";
 }

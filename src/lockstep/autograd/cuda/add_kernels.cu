@@ -13,16 +13,24 @@ __global__ void add_kernel(const T* left, const T* right, T* out, int64_t n) {
     out[i] = left[i] + right[i];
 }
 
-}  // namespace
-
 template <typename T>
-void add_elements(const T* left, const T* right, T* out, int64_t n, CUstream_st* stream) {
-  if (n == 0) return;
-  add_kernel<T><<<lockstep::cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(left, right, out, n);
+void launch(const void* left, const void* right, void* out, int64_t n, CUstream_st* stream) {
+  add_kernel<T><<<lockstep::cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
+      static_cast<const T*>(left), static_cast<const T*>(right), static_cast<T*>(out), n);
   LOCKSTEP_CUDA_CHECK(cudaGetLastError());
 }
 
-template void add_elements<float>(const float*, const float*, float*, int64_t, CUstream_st*);
-template void add_elements<double>(const double*, const double*, double*, int64_t, CUstream_st*);
+}  // namespace
+
+bool add_elements(const void* left, const void* right, void* out, int64_t n, DType dtype, CUstream_st* stream) {
+  if (dtype != DType::f32 && dtype != DType::f64) return false;
+  if (n == 0) return true;
+  if (dtype == DType::f32) {
+    launch<float>(left, right, out, n, stream);
+  } else {
+    launch<double>(left, right, out, n, stream);
+  }
+  return true;
+}
 
 }  // namespace lockstep::autograd::cuda

@@ -7,13 +7,15 @@
 
 #include <cstdint>
 
+#include "lockstep/core/dtype.h"
+
 struct CUstream_st;  // = cudaStream_t
 
 namespace lockstep::autograd::cuda {
 
-// out[i] = left[i] + right[i] for i in [0, n). out may be left or right itself (each element
-// is read before it is written); other overlaps are not allowed. Queued on stream.
-template <typename T>
-void add_elements(const T* left, const T* right, T* out, int64_t n, CUstream_st* stream);
+// out[i] = left[i] + right[i] for i in [0, n), elements of dtype f32 or f64. out may be left
+// or right itself (each element is read before it is written); other overlaps are not
+// allowed. Queued on stream. Returns false, queueing nothing, for any other dtype.
+bool add_elements(const void* left, const void* right, void* out, int64_t n, DType dtype, CUstream_st* stream);
 
 }  // namespace lockstep::autograd::cuda
