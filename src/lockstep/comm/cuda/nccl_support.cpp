@@ -133,10 +133,12 @@ CurrentDevice::CurrentDevice(int device) {
     LOCKSTEP_CUDA_CALL(cudaSetDevice(device));
     previous_ = current;
   }
+  lockstep::cuda::mark_gpu_used(device);
 }
 
 CurrentDevice::~CurrentDevice() {
-  if (previous_ >= 0) cudaSetDevice(previous_);
+  // Not onto a GPU this process never used: that would create a CUDA context there.
+  if (previous_ >= 0 && lockstep::cuda::gpu_used(previous_)) cudaSetDevice(previous_);
 }
 
 // ---- Comm ----

@@ -38,7 +38,7 @@ ncclUniqueId from_hex(const std::string& text, const std::string& key);
 
 // Makes device the calling thread's current CUDA device for a scope: every lane's thread
 // (the caller's, or a worker's) must target the communicator's GPU, and the caller's own
-// choice is put back afterwards.
+// choice is put back afterwards (if this process has used that GPU: cuda::gpu_used).
 class CurrentDevice {
  public:
   explicit CurrentDevice(int device);

@@ -74,6 +74,17 @@ cudaStream_t stream(Device device) {
   return s;
 }
 
+namespace {
+constexpr int kMaxGpus = 1024;
+std::atomic<bool> used_gpus[kMaxGpus];  // zero-initialized: none yet
+}  // namespace
+
+void mark_gpu_used(int gpu) {
+  if (gpu >= 0 && gpu < kMaxGpus) used_gpus[gpu].store(true);
+}
+
+bool gpu_used(int gpu) { return gpu >= kMaxGpus || (gpu >= 0 && used_gpus[gpu].load()); }
+
 DeviceScope::DeviceScope(Device device) {
   const int physical = physical_device(device);
   LOCKSTEP_CUDA_CHECK(cudaGetDevice(&previous_));
@@ -82,10 +93,11 @@ DeviceScope::DeviceScope(Device device) {
   } else {
     LOCKSTEP_CUDA_CHECK(cudaSetDevice(physical));
   }
+  mark_gpu_used(physical);
 }
 
 DeviceScope::~DeviceScope() {
-  if (previous_ >= 0) cudaSetDevice(previous_);
+  if (previous_ >= 0 && gpu_used(previous_)) cudaSetDevice(previous_);
 }
 
 void stream_wait(cudaStream_t waiting, cudaStream_t producer) {

@@ -13,7 +13,8 @@ namespace lockstep::cuda {
 cudaStream_t stream(Device device);
 
 // Makes the device's GPU the calling thread's current one for a scope (kernel launches and
-// cuBLAS calls go to the current GPU), and puts the previous one back.
+// cuBLAS calls go to the current GPU), and puts the previous one back if this process has
+// used it (see gpu_used).
 class DeviceScope {
  public:
   explicit DeviceScope(Device device);
@@ -26,7 +27,16 @@ class DeviceScope {
 };
 
 // Orders `waiting`'s later work after what `producer` has queued so far (no host wait).
+// The producer's GPU must be current: CUDA records an event only on a stream of the GPU it
+// was created on.
 void stream_wait(cudaStream_t waiting, cudaStream_t producer);
+
+// The GPUs this process has made current (DeviceScope, the nccl backend's own scope). A
+// scope puts back only such a GPU when it ends: making another one current creates a CUDA
+// context there (hundreds of MiB), so a ddp rank that drives only cuda:3 would hold memory
+// on GPU 0 too, and fail where each GPU is exclusive to one process.
+void mark_gpu_used(int gpu);
+bool gpu_used(int gpu);
 
 // What launching on a device takes: its GPU current for the scope, and its stream.
 class OnDevice {

@@ -66,7 +66,10 @@ void enable_peer_access(int from, int to) {
 void copy_between_devices(const Tensor& src, const Tensor& dst) {
   const cudaStream_t from = stream(src.device()), to = stream(dst.device());
   const int src_gpu = physical_device(src.device()), dst_gpu = physical_device(dst.device());
-  stream_wait(to, from);
+  {
+    const DeviceScope producer(src.device());  // an event is recorded only on a stream of its own GPU
+    stream_wait(to, from);
+  }
   DeviceScope scope(dst.device());
   if (src_gpu == dst_gpu) {
     LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToDevice, to));
