@@ -39,7 +39,15 @@ DeviceChoice parse_devices(const std::string& text, int visible_gpus) {
     if (visible_gpus == 0) throw UsageError("--devices " + text + ": " + gpu_range(visible_gpus));
     return {DeviceType::cuda, 0};
   }
-  if (text.find(':') == std::string::npos) return {auto_type, parse_count(text)};
+  if (text.find(':') == std::string::npos) {
+    const int count = parse_count(text);
+    // CPU devices may outnumber the cores (they share them); a GPU device is a whole GPU.
+    if (auto_type == DeviceType::cuda && count > visible_gpus) {
+      throw UsageError("--devices " + text + " asks for more GPUs than there are: " + gpu_range(visible_gpus) +
+                       " (use --devices cpu for CPU devices)");
+    }
+    return {auto_type, count};
+  }
 
   std::vector<Device> list;
   std::stringstream items(text);

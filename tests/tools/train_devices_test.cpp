@@ -44,6 +44,8 @@ TEST(TrainDevices, BadListsSayWhatWorks) {
   EXPECT_NE(usage_error("cuda:0,cpu:1", 4).find("must be cuda:1, not cpu:1"), std::string::npos);
   EXPECT_NE(usage_error("cuda:0,cuda:1", 1).find("cuda:1 does not exist; this process sees cuda:0 to cuda:0"),
             std::string::npos);
+  EXPECT_NE(usage_error("3", 2).find("more GPUs than there are: this process sees cuda:0 to cuda:1"),
+            std::string::npos);
   EXPECT_NE(usage_error("cuda", 0).find("no GPU is visible"), std::string::npos);
   EXPECT_NE(usage_error("cuda:0", 0).find("no GPU is visible"), std::string::npos);
   EXPECT_NE(usage_error("0", 0).find("is not a count"), std::string::npos);
