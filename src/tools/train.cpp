@@ -178,11 +178,13 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("stages", &options.stages, "blocks per pipeline stage, e.g. 3,1 (default: balanced by parameters)");
   flags.add("backend", &options.backend, "ddp's collectives: auto, shm (one host) or mpi");
   flags.add("bucket-mb", &options.bucket_mb, "ddp: MiB of gradients per all-reduce, started during backward");
-  flags.add("lr", &options.lr, "learning rate (default 0.05 for sgd, 0.001 for adamw)");
-  flags.add("optimizer", &options.optimizer, "sgd or adamw");
+  flags.add("lr", &options.lr, "learning rate (default: adamw 0.004, gpt 0.001; sgd 0.05)");
+  flags.add("optimizer", &options.optimizer, "adamw or sgd (default adamw)");
   flags.add("momentum", &options.momentum, "SGD momentum");
   flags.add("weight-decay", &options.weight_decay, "weight decay");
-  flags.add("lr-schedule", &options.lr_schedule, "constant | step:N[:GAMMA] | cosine[:warmup=N]");
+  flags.add("lr-schedule", &options.lr_schedule,
+            "constant | step:N[:GAMMA] | cosine[:warmup=N] (default: cosine after 100 warm-up steps, or a tenth of a "
+            "shorter run; gpt: cosine)");
   flags.add("seed", &options.seed, "seed of initialization, data order and dropout");
   flags.add("threads", &options.threads, "compute threads in all, shared by the devices (default: every core)");
   flags.add("data", &options.data_dir,
@@ -231,12 +233,13 @@ int train_main(const std::vector<std::string>& args) {
     throw UsageError("--precision " + options.precision +
                      " runs on GPU devices; CPU devices compute in f32 (leave --precision out)");
   }
-  // A transformer wants Adam: SGD's default learning rate barely moves it.
-  if (options.model == "gpt" && !flags.given("optimizer")) options.optimizer = "adamw";
-  if (options.lr < 0) options.lr = default_lr(options.optimizer);
+  // After the checkpoint's settings: a resumed run keeps the optimizer it had.
+  if (options.optimizer.empty()) options.optimizer = kDefaultOptimizer;
+  if (options.lr < 0) options.lr = default_lr(options.model, options.optimizer);
   if (options.micro_batch < 0) options.micro_batch = default_micro_batch(options.batch_size);
   check_options(options);
-  const optim::Schedule schedule = optim::parse_schedule(options.lr_schedule);
+  // A given schedule is checked now; the default one depends on the run's length (below).
+  if (!options.lr_schedule.empty()) optim::parse_schedule(options.lr_schedule);
 
   const TrainTask task = make_train_task(options);
   if (task.language_model) {
@@ -284,6 +287,8 @@ int train_main(const std::vector<std::string>& args) {
     checkpoint.reset();
   }
   const int64_t total_steps = options.steps >= 0 ? options.steps : options.epochs * loader.batches_per_epoch();
+  if (options.lr_schedule.empty()) options.lr_schedule = default_lr_schedule(options.model, total_steps);
+  const optim::Schedule schedule = optim::parse_schedule(options.lr_schedule);
   // A schedule without an explicit length spans this run; --steps 0 takes no step to span.
   const optim::Schedule lr_schedule = total_steps > 0 ? schedule.with_total_steps(total_steps) : schedule;
 

@@ -345,18 +345,17 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
   }
 }
 
-// The accuracy of one epoch with the defaults (batch 32 in micro-batches of 4, SGD lr 0.05
-// momentum 0.9, cosine decay), on the real dataset. The runs are deterministic: these are
-// fixed numbers (MLP 0.8583, CNN 0.8688 here, on any device count), with a margin for other
-// OpenBLAS kernels. Other roundings of the same recipe land within about half a point (the
-// CNN reached 0.8737 with one micro-batch of 32). PyTorch 1.13 reaches 0.874 with the CNN
-// and the same recipe at batch 64.
+// The accuracy of one epoch with the defaults (batch 32 in micro-batches of 4, AdamW lr
+// 0.004 after 100 warm-up steps, cosine decay) on the real dataset: the targets, 85%
+// for the MLP and 88% for the CNN. The runs are deterministic (MLP 0.8628, CNN 0.8856 here,
+// on any device count); other OpenBLAS kernels round differently, and seeds 1 and 2 give
+// the CNN 0.8838 and 0.8855. bench/torch_accuracy.py runs the same recipe in PyTorch.
 TEST(TrainCommandLong, DefaultRunsReachTheirAccuracy) {
   if (kSanitized) GTEST_SKIP() << "a full epoch is too slow under sanitizers; the release build runs it";
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   const fs::path out = fs::temp_directory_path() / ("lockstep-accuracy-" + std::to_string(getpid()));
-  for (const auto& [model, target] : std::vector<std::pair<std::string, double>>{{"mlp", 0.85}, {"cnn", 0.865}}) {
+  for (const auto& [model, target] : std::vector<std::pair<std::string, double>>{{"mlp", 0.85}, {"cnn", 0.88}}) {
     const Result r = run("train --quiet --model " + model + " --out " + (out / model).string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream in(out / model / "summary.json");
