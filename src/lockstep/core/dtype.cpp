@@ -82,56 +82,6 @@ bool is_floating(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16;
 }
 
-uint16_t f32_to_f16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf (incl. rounding up)
-  if (abs < 0x38800000u) {
-    // Subnormal or zero in f16: shift the full mantissa into place with round-to-nearest-even.
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
-    const uint32_t exponent = abs >> 23;
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exponent;  // 14 + (113 - exponent) - 1 ... keeps 10-bit result
-    uint32_t half = mantissa >> (shift - 0);
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits.
-  uint32_t rounded = abs - 0x38000000u;
-  rounded += 0xfffu + ((rounded >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (rounded >> 13));
-}
-
-float f16_to_f32(uint16_t value) {
-  const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
-  const uint32_t exponent = (value >> 10) & 0x1fu;
-  uint32_t mantissa = value & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {
-    // Subnormal: normalize.
-    int e = -1;
-    do {
-      ++e;
-      mantissa <<= 1;
-    } while ((mantissa & 0x400u) == 0);
-    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((mantissa & 0x3ffu) << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
 }  // namespace lockstep
 
 namespace lockstep {

@@ -3,8 +3,9 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <string>
+
+#include "lockstep/core/half_bits.h"
 
 namespace lockstep {
 
@@ -18,25 +19,12 @@ const char* dtype_safetensors_name(DType dtype);
 DType parse_dtype(const std::string& name);
 bool is_floating(DType dtype);
 
-// bf16: the top 16 bits of an f32, rounded to nearest even (NaN stays NaN).
-inline uint16_t f32_to_bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float bf16_to_f32(uint16_t value) {
-  uint32_t bits = static_cast<uint32_t>(value) << 16;
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-// IEEE 754 binary16, round to nearest even, with subnormals, infinities and NaN.
-uint16_t f32_to_f16(float value);
-float f16_to_f32(uint16_t value);
+// bf16 (the top 16 bits of an f32, rounded to nearest even) and IEEE 754 binary16, with
+// subnormals, infinities and NaN payloads: core/half_bits.h, shared with the GPU kernels.
+inline uint16_t f32_to_bf16(float value) { return half_bits::f32_to_bf16(value); }
+inline float bf16_to_f32(uint16_t value) { return half_bits::bf16_to_f32(value); }
+inline uint16_t f32_to_f16(float value) { return half_bits::f32_to_f16(value); }
+inline float f16_to_f32(uint16_t value) { return half_bits::f16_to_f32(value); }
 
 }  // namespace lockstep
 

@@ -6,66 +6,18 @@
 #include "lockstep/comm/cuda/tree_reduce_kernel.h"
 #include "lockstep/comm/tree_reduce.h"
 #include "lockstep/core/error.h"
+#include "lockstep/core/half_bits.h"
 
 namespace lockstep::comm::cuda {
 namespace {
 
-// ---- bf16/f16 <-> f32: the bit manipulations of core/dtype.h and dtype.cpp, on the device.
-// They must round (and keep NaN payloads) exactly as those do; the NcclCommunicator kernel
-// test compares this kernel with tree_reduce bit for bit, specials included.
-
-__device__ float bf16_bits_to_f32(uint16_t value) { return __uint_as_float(static_cast<uint32_t>(value) << 16); }
-
-__device__ uint16_t f32_to_bf16_bits(float value) {
-  uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-__device__ uint16_t f32_to_f16_bits(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
-  if (abs < 0x38800000u) {
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
-    const uint32_t exponent = abs >> 23;
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exponent;
-    uint32_t half = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t rounded = abs - 0x38000000u;
-  rounded += 0xfffu + ((rounded >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (rounded >> 13));
-}
-
-__device__ float f16_bits_to_f32(uint16_t value) {
-  const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
-  const uint32_t exponent = (value >> 10) & 0x1fu;
-  uint32_t mantissa = value & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {
-    int e = -1;
-    do {
-      ++e;
-      mantissa <<= 1;
-    } while ((mantissa & 0x400u) == 0);
-    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((mantissa & 0x3ffu) << 13);
-  }
-  return __uint_as_float(bits);
-}
+// bf16/f16 <-> f32 through core/half_bits.h, the CPU's own conversions: the
+// NcclCommunicator kernel test compares this kernel with tree_reduce bit for bit, specials
+// included.
+using half_bits::bf16_to_f32;
+using half_bits::f16_to_f32;
+using half_bits::f32_to_bf16;
+using half_bits::f32_to_f16;
 
 // ---- the arithmetic of tree_reduce.cpp: storage type -> accumulation type and back ----
 
@@ -85,14 +37,14 @@ struct Accum {
 template <>
 struct Accum<Bf16> {
   using type = float;
-  __device__ static float load(Bf16 v) { return bf16_bits_to_f32(v.bits); }
-  __device__ static Bf16 store(float v) { return {f32_to_bf16_bits(v)}; }
+  __device__ static float load(Bf16 v) { return bf16_to_f32(v.bits); }
+  __device__ static Bf16 store(float v) { return {f32_to_bf16(v)}; }
 };
 template <>
 struct Accum<F16> {
   using type = float;
-  __device__ static float load(F16 v) { return f16_bits_to_f32(v.bits); }
-  __device__ static F16 store(float v) { return {f32_to_f16_bits(v)}; }
+  __device__ static float load(F16 v) { return f16_to_f32(v.bits); }
+  __device__ static F16 store(float v) { return {f32_to_f16(v)}; }
 };
 
 template <typename A>

@@ -1,6 +1,7 @@
 #include "lockstep/core/cuda/check.h"
 #include "lockstep/core/cuda/copy_kernels.h"
 #include "lockstep/core/error.h"
+#include "lockstep/core/half_bits.h"
 
 namespace lockstep::cuda {
 namespace {
@@ -13,37 +14,13 @@ struct F16 {
   uint16_t bits;
 };
 
-// core/dtype.cpp's f16_to_f32, bit for bit (CUDA's __half2float makes every NaN the
-// canonical 0x7fffffff; the CPU keeps its sign and payload).
-__device__ float f16_to_f32(uint16_t value) {
-  const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
-  const uint32_t exponent = (value >> 10) & 0x1fu;
-  uint32_t mantissa = value & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {
-    int e = -1;
-    do {
-      ++e;
-      mantissa <<= 1;
-    } while ((mantissa & 0x400u) == 0);
-    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((mantissa & 0x3ffu) << 13);
-  }
-  return __uint_as_float(bits);
-}
-
 // The value of an element as the CPU's convert_to reads it: 16-bit floats widen to f32.
 template <typename T>
 __device__ T load(const T* p) {
   return *p;
 }
-__device__ float load(const Bf16* p) { return __uint_as_float(static_cast<uint32_t>(p->bits) << 16); }
-__device__ float load(const F16* p) { return f16_to_f32(p->bits); }
+__device__ float load(const Bf16* p) { return half_bits::bf16_to_f32(p->bits); }
+__device__ float load(const F16* p) { return half_bits::f16_to_f32(p->bits); }
 
 // A value as the CPU's static_cast<float> makes it: a NaN double keeps its sign and top
 // payload bits and turns quiet, as on x86 (the GPU's conversion gives the canonical NaN).
@@ -67,37 +44,6 @@ __device__ double to_f64(float value) {
                                                      static_cast<unsigned long long>(bits & 0x7fffffu) << 29));
 }
 
-// core/dtype.h's f32_to_bf16, bit for bit (a NaN stays a quiet NaN).
-__device__ uint16_t to_bf16_bits(float value) {
-  uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-// core/dtype.cpp's f32_to_f16, bit for bit (__float2half_rn makes every NaN 0x7fff).
-__device__ uint16_t to_f16_bits(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
-  if (abs < 0x38800000u) {
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
-    const uint32_t exponent = abs >> 23;
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exponent;
-    uint32_t half = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t rounded = abs - 0x38000000u;
-  rounded += 0xfffu + ((rounded >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (rounded >> 13));
-}
-
 template <typename Dst, typename V>
 __device__ void store(Dst* p, V value) {
   *p = static_cast<Dst>(value);
@@ -109,11 +55,11 @@ __device__ void store(float* p, V value) {
 __device__ void store(double* p, float value) { *p = to_f64(value); }
 template <typename V>
 __device__ void store(Bf16* p, V value) {
-  p->bits = to_bf16_bits(to_f32(value));
+  p->bits = half_bits::f32_to_bf16(to_f32(value));
 }
 template <typename V>
 __device__ void store(F16* p, V value) {
-  p->bits = to_f16_bits(to_f32(value));
+  p->bits = half_bits::f32_to_f16(to_f32(value));
 }
 
 struct Layout {
