@@ -43,7 +43,7 @@ def lockstep_rate(model, args, out, devices, micro, threads, strategy="dp"):
     """samples/s and the communication share of one `lockstep train` run."""
     flags = [LOCKSTEP, "train", "--quiet", "--model", model, "--batch-size", str(args.batch),
              "--micro-batch", str(micro), "--steps", str(args.steps), "--data", args.data, "--out", out,
-             "--strategy", strategy, "--threads", str(threads)]
+             "--strategy", strategy, "--threads", str(threads), "--optimizer", "sgd", "--lr", "0.05"]
     if strategy == "dp":
         subprocess.run(flags + ["--devices", str(devices)], check=True, stdout=subprocess.DEVNULL)
     else:
