@@ -15,7 +15,7 @@ It also prints each Lockstep row's communication share (all-reduce time / device
 for the deterministic tree order's cost, `lockstep bench collectives` at the model's gradient
 size: Lockstep's tree-ordered all-reduce (shm, and over MPI) beside MPI_Allreduce.
 
-    /usr/bin/python3 bench/data_parallel.py [--models cnn,mlp] [--batch 64] [--steps 150] [--reps 3]
+    /usr/bin/python3 bench/data_parallel.py [--models cnn,mlp] [--batch 256] [--steps 150] [--reps 3]
 """
 
 import argparse
@@ -88,7 +88,7 @@ def collective_row(model, backend):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="cnn,mlp")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
