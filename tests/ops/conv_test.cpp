@@ -25,6 +25,10 @@ TEST(Conv2d, MatchesNaiveLoopsWithStrideAndPadding) {
       {{3, 1, 4, 4}, {2, 1, 1, 1}, {1, 1}, {0, 0}},
       {{1, 2, 3, 3}, {2, 2, 3, 3}, {1, 3}, {2, 2}},
       {{1, 2, 3, 3}, {2, 2, 1, 1}, {2, 1}, {1, 1}},  // border windows read only padding
+      // Stride 1 without padding copies whole rows in 32-byte blocks: rows of 19 (blocks and
+      // an overlapping last one) and of 8 (one f32 block, two f64 blocks).
+      {{2, 3, 7, 21}, {4, 3, 3, 3}, {1, 1}, {0, 0}},
+      {{1, 2, 5, 10}, {3, 2, 3, 3}, {1, 1}, {0, 0}},
   };
   for (const ConvCase& c : cases) {
     const Tensor x = random_f64(c.x, 1), w = random_f64(c.w, 2), b = random_f64({c.w[0]}, 3);
