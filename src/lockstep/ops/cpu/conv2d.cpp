@@ -7,6 +7,7 @@
 #include "lockstep/core/tensor.h"
 #include "lockstep/ops/cpu/gemm.h"
 #include "lockstep/ops/cpu/im2col.h"
+#include "lockstep/ops/cpu/reduce.h"
 
 namespace lockstep::cpu {
 namespace {
@@ -74,22 +75,6 @@ void forward_chunk(const T* x, const T* w, const T* bias, T* y, const Conv2dShap
   }
 }
 
-// The sum of n values in f64, in 32 interleaved lanes folded pairwise: a fixed order that
-// the compiler can vectorize. One running sum is bound by the add's latency, and was the
-// largest single cost of a small convolution's backward pass.
-template <typename T>
-double sum_in_f64(const T* x, int64_t n) {
-  constexpr int64_t kLanes = 32;
-  double lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += static_cast<double>(x[i + l]);
-  for (int64_t l = 0; i < n; ++i, ++l) lane[l] += static_cast<double>(x[i]);
-  for (int64_t width = kLanes / 2; width >= 1; width /= 2)
-    for (int64_t l = 0; l < width; ++l) lane[l] += lane[l + width];
-  return lane[0];
-}
-
 // Adds this chunk's weight and bias gradients into dw_partial / db_partial and writes its
 // samples' input gradient.
 template <typename T>
@@ -105,7 +90,8 @@ void backward_chunk(const T* x, const T* w, const T* dy, T* dx, T* dw_partial, d
       std::copy(src, src + P, dyc + o * ld + g * P);
     }
   if (db_partial != nullptr) {
-    for (int64_t o = 0; o < O; ++o) db_partial[o] += sum_in_f64(dyc + o * ld, ld);
+    for (int64_t o = 0; o < O; ++o)
+      db_partial[o] += sum_lanes_f64(dyc + o * ld, ld);  // one running sum would be latency-bound
   }
   if (dw_partial != nullptr) {
     im2col(x + first * image, count, s.in_channels, s.win, scratch.col, ld);

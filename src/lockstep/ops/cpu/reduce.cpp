@@ -8,15 +8,16 @@ namespace {
 
 constexpr int kLanes = 32;
 
-// The fixed-order lane sum behind sum_contiguous (independent partial sums vectorize; a
-// single running sum cannot, since float addition does not reassociate).
-template <typename T>
-T sum_lanes(const T* x, int64_t n) {
-  T acc[kLanes] = {};
+// The fixed-order lane sum behind sum_contiguous and sum_lanes_f64, accumulated in Acc
+// (independent partial sums vectorize; a single running sum cannot, since float addition
+// does not reassociate).
+template <typename Acc, typename T>
+Acc sum_lanes(const T* x, int64_t n) {
+  Acc acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
-  for (int j = 0; i + j < n; ++j) acc[j] += x[i + j];
+    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<Acc>(x[i + j]);
+  for (int j = 0; i + j < n; ++j) acc[j] += static_cast<Acc>(x[i + j]);
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
   return acc[0];
@@ -42,14 +43,19 @@ void sum_rows(const T* src, int64_t rows, int64_t width, int64_t stride, T* dst)
 
 template <typename T>
 T sum_contiguous(const T* x, int64_t n) {
-  if (n <= kGrain) return sum_lanes(x, n);
+  if (n <= kGrain) return sum_lanes<T>(x, n);
   const int64_t chunks = (n + kGrain - 1) / kGrain;
   std::vector<T> partial(static_cast<size_t>(chunks));
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c)
-      partial[static_cast<size_t>(c)] = sum_lanes(x + c * kGrain, std::min(kGrain, n - c * kGrain));
+      partial[static_cast<size_t>(c)] = sum_lanes<T>(x + c * kGrain, std::min(kGrain, n - c * kGrain));
   });
-  return sum_lanes(partial.data(), chunks);
+  return sum_lanes<T>(partial.data(), chunks);
+}
+
+template <typename T>
+double sum_lanes_f64(const T* x, int64_t n) {
+  return sum_lanes<double>(x, n);
 }
 
 template <typename T>
@@ -191,6 +197,7 @@ void max_middle(const T* x, int64_t outer, int64_t n, int64_t inner, T* values, 
 
 #define LOCKSTEP_INSTANTIATE(T)                                                    \
   template T sum_contiguous<T>(const T*, int64_t);                                 \
+  template double sum_lanes_f64<T>(const T*, int64_t);                             \
   template T max_contiguous<T>(const T*, int64_t);                                 \
   template void sum_middle<T>(const T*, int64_t, int64_t, int64_t, T*);            \
   template void sum_axes<T>(const T*, const Shape&, const std::vector<bool>&, T*); \

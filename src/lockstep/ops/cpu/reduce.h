@@ -18,6 +18,11 @@ inline constexpr int64_t kGrain = 32768;
 template <typename T>
 T sum_contiguous(const T* x, int64_t n);
 
+// Sum of n contiguous values accumulated in f64, in the lane order of sum_contiguous's
+// chunks, on the calling thread: f64 precision at the speed of a vectorized loop.
+template <typename T>
+double sum_lanes_f64(const T* x, int64_t n);
+
 // Largest of n contiguous values (nan if any is nan); -inf for n == 0.
 template <typename T>
 T max_contiguous(const T* x, int64_t n);
