@@ -38,7 +38,7 @@ struct TrainOptions {
   std::string optimizer;          // "": adamw
   double momentum = 0.9;
   double weight_decay = 0.0;
-  std::string lr_schedule;  // "": default_lr_schedule(model)
+  std::string lr_schedule;  // "": default_lr_schedule(model, steps)
   uint64_t seed = 0;
   int64_t threads = 0;  // in all, shared by the devices; 0: every core
   std::string data_dir;
@@ -57,8 +57,8 @@ inline int64_t default_micro_batch(int64_t batch_size) { return batch_size % 8 =
 
 // The recipe where the flags are silent: AdamW, with 100 warm-up steps before the cosine
 // decay for the Fashion-MNIST models. One epoch of the CNN at batch 32 reaches 0.88 that
-// way (SGD with momentum stays near 0.87 at any learning rate, as does PyTorch with it). The
-// GPT learns at the lower rate transformers want.
+// way (SGD with momentum reached 0.857-0.875 over learning rates 0.02-0.1). The GPT learns
+// at the lower rate transformers want.
 inline const char* kDefaultOptimizer = "adamw";
 inline double default_lr(const std::string& model, const std::string& optimizer) {
   if (optimizer == "sgd") return 0.05;
