@@ -7,6 +7,10 @@
 // compute the same output element with other bits in a call of another size (its kernels
 // for small matrices, its edge tiles), and a device's results must not change with the
 // number of threads it computes with (the step-is-a-tree guarantee of data parallelism).
+// Measured with OpenBLAS 0.3.21: one call against the same product cut at multiples of 16
+// rows or columns differed in some bits for 36 of 400 random shapes with its SkylakeX
+// kernels and 310 of 400 with its Haswell ones. So a single thread cannot take the one
+// call that would save repacking (about 12% at the MLP's shapes) without changing bits.
 #include "lockstep/ops/cpu/gemm.h"
 
 #include <cblas.h>
