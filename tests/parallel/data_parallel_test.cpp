@@ -156,6 +156,21 @@ TEST(DataParallel, MatchesAPlainFullBatchStep) {
   }
 }
 
+// The unused parameter's zero gradient goes through the tree (two micro-batches per
+// device) and the all-reduce like any other: it stays as it was, the used one trains, and
+// both devices agree.
+TEST(DataParallel, UnusedParametersCountAsZero) {
+  DataParallel dp(
+      {.devices = 2, .micro_batch = 2}, [](int) { return std::make_shared<WithUnusedParameter>(); },
+      [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
+  auto& model = dynamic_cast<WithUnusedParameter&>(dp.replica(0));
+  const Weights unused = weights(*model.unused), used = weights(*model.used);
+  run_steps(dp, 8, 0, 2);
+  EXPECT_EQ(weights(*model.unused), unused);
+  EXPECT_NE(weights(*model.used), used);
+  EXPECT_EQ(weights(dp.replica(1)), weights(model));
+}
+
 TEST(DataParallel, ReportsWhereEachDevicesTimeWent) {
   DataParallel dp(
       {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },

@@ -103,16 +103,6 @@ TEST(DistributedDataParallel, BucketsCoverTheParametersInBackwardOrder) {
 }
 
 // A parameter forward never uses gets no gradient: it counts as zero, without an error.
-class WithUnusedParameter : public nn::Module {
- public:
-  WithUnusedParameter() : nn::Module("WithUnusedParameter") {
-    used = register_module("used", std::make_shared<nn::Linear>(784, 10));
-    unused = register_module("unused", std::make_shared<nn::Linear>(3, 3));
-  }
-  Tensor forward(const Tensor& x) override { return (*used)(reshape(x, {x.size(0), 784})); }
-  std::shared_ptr<nn::Linear> used, unused;
-};
-
 TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
   std::vector<Weights> before(2), after(2);
   const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {

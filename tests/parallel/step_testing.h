@@ -7,7 +7,9 @@
 
 #include "lockstep/core/philox.h"
 #include "lockstep/core/tensor.h"
+#include "lockstep/nn/linear.h"
 #include "lockstep/nn/module.h"
+#include "lockstep/ops/ops.h"
 
 namespace lockstep::parallel::step_testing {
 
@@ -42,5 +44,16 @@ inline bool same_bits(const Weights& a, const Weights& b) {
   }
   return true;
 }
+
+// A parameter forward never uses gets no gradient: data parallelism counts it as zero.
+class WithUnusedParameter : public nn::Module {
+ public:
+  WithUnusedParameter() : nn::Module("WithUnusedParameter") {
+    used = register_module("used", std::make_shared<nn::Linear>(784, 10));
+    unused = register_module("unused", std::make_shared<nn::Linear>(3, 3));
+  }
+  Tensor forward(const Tensor& x) override { return (*used)(reshape(x, {x.size(0), 784})); }
+  std::shared_ptr<nn::Linear> used, unused;
+};
 
 }  // namespace lockstep::parallel::step_testing

@@ -20,6 +20,25 @@ void all_reduce_on_host(comm::Communicator& comm, const Tensor& tensor) {
   tensor.copy_from(host);
 }
 
+// Each parameter's gradient, taken out of .grad as it is (zeros for a parameter that got
+// none). Without ZeRO the devices all-reduce these in place, one call per parameter: the
+// same bits as one flat buffer (the tree is over devices, element by element) without
+// copying every gradient into one each step (5% of the MLP's step on one thread).
+std::vector<Tensor> take_grads(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  grads.reserve(params.size() + 1);
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      g = Tensor::empty(p.shape(), p.dtype(), p.device());
+      g.zero();
+    }
+    grads.push_back(g);
+    p.set_grad(Tensor());
+  }
+  return grads;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
@@ -99,6 +118,7 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   nn::Module& model = *replicas_[device];
   const FlatGradients& gradients = gradients_[static_cast<size_t>(device)];
+  const std::vector<Tensor>& params = gradients.params();
   const int64_t batch = images.size(0);
   const int64_t micro = options_.micro_batch;
   const int64_t per_device = batch / devices();
@@ -107,10 +127,14 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
     const Precision precision{options_.precision, scalers_.empty() ? 1.0 : scalers_[device].scale()};
     const Tensor loss = run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed,
                                         this->device(device), precision);
-    // The loss rides along as a second leaf entry, so it is summed in the same order.
-    tree.add_leaf({gradients.take_all(), loss});
+    // The loss rides along as the leaf's last entry, so it is summed in the same order.
+    std::vector<Tensor> leaf = options_.zero1 ? std::vector<Tensor>{gradients.take_all()} : take_grads(params);
+    leaf.push_back(loss);
+    tree.add_leaf(std::move(leaf));
   }
   std::vector<Tensor> sums = tree.finish();
+  const Tensor loss_sum = sums.back();
+  sums.pop_back();
   times.compute = seconds_since(start);
 
   comm::Communicator& comm = *comms_[device];
@@ -118,19 +142,19 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   comm.barrier();  // so the wait for the slowest device is not counted as communication
   times.wait = seconds_since(start);
   start = StepClock::now();
-  all_reduce_on_host(comm, sums[1]);  // the loss
-  if (device == 0) result.loss = sums[1].item();
+  all_reduce_on_host(comm, loss_sum);
+  if (device == 0) result.loss = loss_sum.item();
   if (!options_.zero1) {
-    all_reduce_on_host(comm, sums[0]);
+    for (const Tensor& grad : sums) all_reduce_on_host(comm, grad);
     times.communicate = seconds_since(start);
     start = StepClock::now();
     bool finite = true;
     if (!scalers_.empty()) {  // every device sees the same sum, so all decide alike
-      finite = scalers_[device].unscale({sums[0]});
+      finite = scalers_[device].unscale(sums);
       scalers_[device].update(finite);
       if (device == 0) result.skipped = !finite;
     }
-    gradients.give(sums[0]);
+    for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(sums[i]);
     if (finite) optimizers_[device]->step();
     optimizers_[device]->zero_grad();
     times.optimizer = seconds_since(start);
