@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "lockstep/core/parallel.h"
 
@@ -21,6 +23,22 @@ TEST(DeviceWorkers, RunsEveryDeviceOncePerRunWithItsThreadCount) {
   }
   EXPECT_EQ(runs, std::vector<int>(3, 50));
   EXPECT_EQ(threads, std::vector<int>(3, 2));
+}
+
+// Runs that come while the workers still poll for them, and runs that come after they have
+// gone to sleep (a gap longer than the poll): both reach every device once. One worker is
+// slow, so the caller also waits past its poll.
+TEST(DeviceWorkers, RunsComeThroughWhetherTheWorkersPollOrSleep) {
+  DeviceWorkers workers(3, 1, nullptr);
+  std::vector<std::atomic<int>> runs(3);
+  for (int r = 0; r < 6; ++r) {
+    workers.run([&](int d) {
+      if (d == 2 && r % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ++runs[static_cast<size_t>(d)];
+    });
+    if (r % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (const auto& n : runs) EXPECT_EQ(n.load(), 6);
 }
 
 TEST(DeviceWorkers, RethrowsTheCauseNotTheErrorsItCaused) {

@@ -1,9 +1,24 @@
 #include "lockstep/parallel/device_workers.h"
 
+#include <chrono>
+
 #include "lockstep/core/error.h"
 #include "lockstep/core/parallel.h"
 
 namespace lockstep::parallel {
+namespace {
+
+// Long enough to cover what the caller does between two steps (the next batch's copy is
+// a fraction of a millisecond); yielding, so a poll never keeps a runnable thread off a core.
+constexpr std::chrono::microseconds kPoll{2000};
+
+template <typename Ready>
+void poll_until(const Ready& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + kPoll;
+  while (!ready() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+}
+
+}  // namespace
 
 DeviceWorkers::DeviceWorkers(int devices, int threads_per_device, OnError on_error)
     : on_error_(std::move(on_error)), devices_(devices), threads_per_device_(threads_per_device) {
@@ -36,8 +51,10 @@ void DeviceWorkers::run(const Task& task) {
   set_num_threads(threads_per_device_);
   run_one(0, task);
   set_num_threads(saved);
+  const auto finished = [&] { return running_.load() == 0; };
+  poll_until(finished);
   std::unique_lock lock(mutex_);
-  done_.wait(lock, [&] { return running_ == 0; });
+  done_.wait(lock, finished);
   task_ = nullptr;
   if (first_error_) std::rethrow_exception(first_error_);
 }
@@ -62,9 +79,11 @@ void DeviceWorkers::loop(int device) {
   uint64_t seen = 0;
   for (;;) {
     const Task* task = nullptr;
+    const auto posted = [&] { return stopping_.load() || generation_.load() != seen; };
+    poll_until(posted);
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      wake_.wait(lock, posted);
       if (stopping_) return;
       seen = generation_;
       task = task_;

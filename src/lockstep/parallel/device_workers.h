@@ -5,8 +5,13 @@
 // cores halved the speed). run(task) runs task(d) for every device and returns when all
 // are done; if any task threw, it then rethrows the first error in time (the cause; the
 // errors of devices that stopped because of it come later).
+//
+// Between steps the workers poll for the next one for a moment before they sleep: a thread
+// woken through a condition variable starts tens of microseconds late, and on every step
+// the other devices would wait that long for it at the all-reduce.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -44,9 +49,10 @@ class DeviceWorkers {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const Task* task_ = nullptr;
-  uint64_t generation_ = 0;  // one per run()
-  int running_ = 0;
-  bool stopping_ = false;
+  // Written under mutex_; atomic so the polls can read them without it.
+  std::atomic<uint64_t> generation_ = 0;  // one per run()
+  std::atomic<int> running_ = 0;
+  std::atomic<bool> stopping_ = false;
   std::exception_ptr first_error_;
   std::vector<std::thread> threads_;
 };
