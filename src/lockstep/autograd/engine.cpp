@@ -88,7 +88,13 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
   std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) override {
     const Tensor& g = grad_outputs[0];
-    if (leaf_->grad == nullptr) {
+    // The pass has reached the leaf: a destination is for one pass only.
+    const std::shared_ptr<TensorImpl> destination = std::move(leaf_->grad_destination);
+    leaf_->grad_destination = nullptr;
+    leaf_->grad_destination_given = false;
+    if (leaf_->grad == nullptr && destination && g.impl_ptr() == destination) {
+      leaf_->grad = destination;  // the op computed it in place
+    } else if (leaf_->grad == nullptr) {
       // Steal the buffer when nothing else holds it (the usual case), else copy it; later
       // micro-steps add into it.
       const bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
@@ -138,6 +144,23 @@ Edge gradient_edge(const Tensor& t) {
   return {accumulator, 0};
 }
 
+std::weak_ptr<TensorImpl> leaf_of(const Tensor& t) {
+  if (!t.defined() || !t.is_leaf()) return {};
+  return t.impl_ptr();
+}
+
+Tensor gradient_output(const std::weak_ptr<TensorImpl>& leaf, const Shape& shape, DType dtype, Device device) {
+  const std::shared_ptr<TensorImpl> impl = leaf.lock();
+  if (impl && impl->grad == nullptr && impl->grad_destination && !impl->grad_destination_given) {
+    const Tensor destination(impl->grad_destination);
+    if (destination.shape() == shape && destination.dtype() == dtype && destination.device() == device) {
+      impl->grad_destination_given = true;
+      return destination;
+    }
+  }
+  return Tensor::empty(shape, dtype, device);
+}
+
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             BackwardFn backward) {
   if (!needs_grad(inputs)) return;
@@ -164,6 +187,19 @@ Tensor& Tensor::set_requires_grad(bool requires_grad) {
       << "only floating-point tensors can require grad, this one is " << dtype_name(dtype());
   impl()->requires_grad = requires_grad;
   return *this;
+}
+
+void Tensor::set_grad_destination(const Tensor& view) const {
+  LOCKSTEP_CHECK(is_leaf()) << "a grad destination goes on a leaf (a parameter), not on an op's result";
+  if (view.defined()) {
+    LOCKSTEP_CHECK(view.shape() == shape() && view.dtype() == dtype() && view.device() == device() &&
+                   view.is_contiguous())
+        << "a grad destination must be a contiguous " << shape_str(shape()) << " " << dtype_name(dtype()) << " on "
+        << device().str() << ", like its leaf; got " << (view.is_contiguous() ? "" : "non-contiguous ")
+        << shape_str(view.shape()) << " " << dtype_name(view.dtype()) << " on " << view.device().str();
+  }
+  impl()->grad_destination = view.defined() ? view.impl_ptr() : nullptr;
+  impl()->grad_destination_given = false;
 }
 
 void Tensor::set_post_accumulate_grad_hook(std::function<void()> hook) const {

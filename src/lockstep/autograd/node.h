@@ -62,4 +62,11 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
 // The edge along which a gradient for `t` must flow (its grad_fn, or its leaf accumulator).
 Edge gradient_edge(const Tensor& t);
 
+// A parameter as an op's backward sees it: the leaf itself when `t` is a leaf, else
+// nothing (held weakly, so a saved parameter never keeps a graph alive).
+std::weak_ptr<TensorImpl> leaf_of(const Tensor& t);
+// The tensor an op's backward should compute the gradient of `leaf` into: the leaf's
+// grad destination when it has one that fits (and no grad yet), else a new tensor.
+Tensor gradient_output(const std::weak_ptr<TensorImpl>& leaf, const Shape& shape, DType dtype, Device device);
+
 }  // namespace lockstep::autograd

@@ -38,6 +38,11 @@ struct TensorImpl {
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only; made on first use
   // Leaves only: runs once a backward pass has added all of its contributions into grad.
   std::shared_ptr<const std::function<void()>> post_accumulate_grad_hook;
+  // Leaves only: where the next backward pass should put this leaf's gradient (see
+  // Tensor::set_grad_destination); cleared when that pass reaches the leaf. Handed to one
+  // op at most (a second op using the leaf in the same pass gets a tensor of its own).
+  std::shared_ptr<TensorImpl> grad_destination;
+  bool grad_destination_given = false;
 };
 
 class Tensor {
@@ -121,6 +126,12 @@ class Tensor {
   // bucket of gradients while backward computes the rest. One hook per leaf; an empty
   // function removes it.
   void set_post_accumulate_grad_hook(std::function<void()> hook) const;
+  // Asks the next backward pass to compute this leaf's gradient straight into `view` (a
+  // contiguous tensor of its shape, dtype and device, typically a slice of a gradient
+  // bucket), where the op producing it can: grad() then is `view` itself, with no copy.
+  // Ops that cannot (or a leaf that already has a grad) give an ordinary gradient. Only
+  // the next pass uses it; an undefined view removes it.
+  void set_grad_destination(const Tensor& view) const;
   // Same bytes, no history, requires_grad false.
   Tensor detach() const;
   // Computes gradients of this tensor with respect to every leaf that requires grad.

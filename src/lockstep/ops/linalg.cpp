@@ -222,8 +222,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
   autograd::record(
       "LinearBackward", {xc, weight, bias}, {out},
-      [x2, w = weight.detach(), rows, in, out_features, need_x = xc.requires_grad(), need_w = weight.requires_grad(),
-       need_b = bias.defined() && bias.requires_grad()](const std::vector<Tensor>& g) {
+      [x2, w = weight.detach(), w_leaf = autograd::leaf_of(weight), rows, in, out_features, need_x = xc.requires_grad(),
+       need_w = weight.requires_grad(), need_b = bias.defined() && bias.requires_grad()](const std::vector<Tensor>& g) {
         const Tensor grad = g[0].contiguous();
         const Tensor g2 = grad.as_strided({rows, out_features}, {out_features, 1}, grad.offset());
         Tensor grad_x, grad_w, grad_b;
@@ -233,7 +233,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
           grad_x = Tensor::empty(shape, grad.dtype(), grad.device());
           gemm_into(g2, w, grad_x.as_strided({rows, in}, {in, 1}, 0), 0.0);
         }
-        if (need_w) grad_w = mm(t2(g2), x2);
+        if (need_w) {
+          // Straight into the weight's grad destination (a gradient bucket) when it has one.
+          grad_w = autograd::gradient_output(w_leaf, {out_features, in}, grad.dtype(), grad.device());
+          gemm_into(t2(g2), x2, grad_w, 0.0);
+        }
         if (need_b) grad_b = sum_to(g2, {out_features});
         return std::vector<Tensor>{grad_x, grad_w, grad_b};
       });

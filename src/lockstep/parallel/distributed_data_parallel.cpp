@@ -113,6 +113,10 @@ void DistributedDataParallel::on_gradient_ready(size_t param) {
   if (!sharded_) start_ready_buckets();  // zero1 reduce-scatters after backward
 }
 
+void DistributedDataParallel::clear_grad_destinations() {
+  for (const Tensor& p : gradients_.params()) p.set_grad_destination(Tensor());
+}
+
 void DistributedDataParallel::start_ready_buckets() {
   while (next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0) {
     const GradientBucket& bucket = buckets_[next_bucket_++];
@@ -130,6 +134,7 @@ StepResult DistributedDataParallel::step(const Tensor& images, const Tensor& lab
     run_step(images, labels, first_sample, step, seed, result);
   } catch (const std::exception& error) {
     collecting_ = false;
+    clear_grad_destinations();
     for (const comm::Work& work : works_) {
       try {
         work.wait();  // none may still read last_leaf_
@@ -170,6 +175,10 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
       for (const GradientBucket& bucket : buckets_) missing_.push_back(bucket.params.size());
       next_bucket_ = 0;
       collecting_ = true;
+      // Ops that can compute a weight's gradient straight into its place in the bucket
+      // (linear layers), so the hook has nothing to copy.
+      for (size_t i = 0; i < gradients_.params().size(); ++i)
+        gradients_.params()[i].set_grad_destination(gradients_.view(last_leaf_, i));
     }
     const Precision precision{options_.precision, scaler_ ? scaler_->scale() : 1.0};
     losses.add_leaf(
@@ -178,6 +187,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   }
   // Parameters backward did not reach (unused in this step) count as zeros.
   collecting_ = false;
+  clear_grad_destinations();
   for (size_t i = 0; i < gradients_.params().size(); ++i) {
     if (taken_[i]) continue;
     gradients_.take(i, last_leaf_);

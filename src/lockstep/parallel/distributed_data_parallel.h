@@ -82,6 +82,7 @@ class DistributedDataParallel {
   void run_step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed,
                 StepResult& result);
   void on_gradient_ready(size_t param);
+  void clear_grad_destinations();  // those backward did not reach keep none for later
   void start_ready_buckets();
 
   std::shared_ptr<nn::Module> model_;

@@ -49,7 +49,8 @@ void FlatGradients::take(size_t i, const Tensor& flat) const {
   const Tensor place = view(flat, i);
   const Tensor g = p.grad();
   if (g.defined()) {
-    place.copy_from(g);
+    // A gradient computed in its place (Tensor::set_grad_destination) is there already.
+    if (g.data_ptr() != place.data_ptr() || g.shape() != place.shape() || !g.is_contiguous()) place.copy_from(g);
   } else {
     place.zero();
   }
