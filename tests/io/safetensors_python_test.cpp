@@ -17,14 +17,12 @@ namespace lockstep {
 namespace {
 
 const char* const kPython = "/usr/bin/python3";
-const char* const kScript = LOCKSTEP_SOURCE_DIR "/tests/io/safetensors_python.py";
+const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/io/safetensors_python.py";
 const Metadata kMetadata = {{"step", "1200"}, {"note", "lockstep \u2192 python"}};
 
 // Runs the helper script on (mode, file) pairs; returns its exit status and output lines.
 std::pair<int, std::vector<std::string>> run_script(const std::vector<std::pair<std::string, std::string>>& pairs) {
-  std::string command = kPython;  // appended: GCC 12 warns falsely on string + literal chains here
-  command += " ";
-  command += kScript;
+  std::string command = std::string(kPython) + " " + kScript;
   for (const auto& [mode, file] : pairs) command += " " + mode + " '" + file + "'";
   command += " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");

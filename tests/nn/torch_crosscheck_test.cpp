@@ -36,10 +36,7 @@ uint64_t splitmix64(uint64_t stream, uint64_t j) {
 double uniform01(uint64_t stream, uint64_t j) { return static_cast<double>(splitmix64(stream, j) >> 40) * 0x1p-24; }
 
 std::string fixture_path(const std::string& model) {
-  std::string path = LOCKSTEP_SOURCE_DIR "/tests/fixtures/torch_";  // appended: see top_terminal_test.cpp
-  path += model;
-  path += ".safetensors";
-  return path;
+  return std::string(LOCKSTEP_SOURCE_DIR) + "/tests/fixtures/torch_" + model + ".safetensors";
 }
 
 std::vector<std::string> split_commas(const std::string& text) {

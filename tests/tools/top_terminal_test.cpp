@@ -83,10 +83,9 @@ TEST(TopTerminal, CpuViewDrawsCoresAndQuitsOnQ) {
 
 #if defined(LOCKSTEP_NVML_STANDIN)
 TEST(TopTerminal, GpuViewDrawsEveryA100AndQuitsOnQ) {
-  // One literal: GCC 12 warns falsely (-Warray-bounds) on string + literal chains here.
   drive("a100",
-        "LOCKSTEP_NVML_LIBRARY=" LOCKSTEP_NVML_STANDIN " LOCKSTEP_NVML_PROFILE=" LOCKSTEP_NVML_PROFILES
-        "/a100-8x-nvlink.json",
+        std::string("LOCKSTEP_NVML_LIBRARY=") + LOCKSTEP_NVML_STANDIN +
+            " LOCKSTEP_NVML_PROFILE=" + LOCKSTEP_NVML_PROFILES + "/a100-8x-nvlink.json",
         "  7    ");
 }
 #endif

@@ -139,7 +139,7 @@ CudaDevices cuda_devices(const GpuState& state, const std::optional<std::string>
   }
   // CUDA reads the list up to the first entry it cannot use and ignores the rest.
   const std::string& list = *visible_devices;
-  if (list.empty()) result.problems.emplace_back("CUDA_VISIBLE_DEVICES is set but empty: CUDA sees no GPU");
+  if (list.empty()) result.problems.push_back("CUDA_VISIBLE_DEVICES is set but empty: CUDA sees no GPU");
   size_t start = 0;
   for (unsigned position = 1; start <= list.size() && !list.empty(); ++position) {
     const size_t comma = list.find(',', start);

@@ -71,7 +71,7 @@ std::vector<std::vector<GpuPath>> read_topology(const NvmlFunctions& nvml, const
 
   if (!nvml.common_ancestor) {
     for (auto& device : devices)
-      device.unavailable.emplace_back("nvmlDeviceGetTopologyCommonAncestor: not exported by this NVML library");
+      device.unavailable.push_back("nvmlDeviceGetTopologyCommonAncestor: not exported by this NVML library");
   }
 
   std::vector<std::vector<GpuPath>> paths(n, std::vector<GpuPath>(n));
