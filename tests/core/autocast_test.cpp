@@ -27,8 +27,8 @@ TEST(Autocast, NestsPerThreadAndRejectsOtherTypes) {
     EXPECT_EQ(autocast_dtype(), DType::bf16);
   }
   EXPECT_EQ(autocast_dtype(), DType::f32);
-  EXPECT_THROW(AutocastGuard(DType::f64), Error);
-  EXPECT_THROW(AutocastGuard(DType::i32), Error);
+  EXPECT_THROW(AutocastGuard{DType::f64}, Error);  // braces: an expression, not a declaration
+  EXPECT_THROW(AutocastGuard{DType::i32}, Error);
 }
 
 Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed) {
