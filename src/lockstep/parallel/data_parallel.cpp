@@ -28,12 +28,8 @@ std::vector<Tensor> take_grads(const std::vector<Tensor>& params) {
   std::vector<Tensor> grads;
   grads.reserve(params.size() + 1);
   for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) {
-      g = Tensor::empty(p.shape(), p.dtype(), p.device());
-      g.zero();
-    }
-    grads.push_back(g);
+    const Tensor g = p.grad();
+    grads.push_back(g.defined() ? g : Tensor::zeros(p.shape(), p.dtype(), p.device()));
     p.set_grad(Tensor());
   }
   return grads;
