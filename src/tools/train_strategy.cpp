@@ -58,7 +58,6 @@ class DataParallelStrategy final : public TrainStrategy {
              .device_type = options.device_type,
              .micro_batch = options.micro_batch,
              .threads_per_device = std::max(1, threads / static_cast<int>(options.devices)),
-             .zero1 = false,
              .precision = parse_dtype(options.precision)},
             [&](int) { return make_replica(); }, make_optimizer) {}
 

@@ -106,14 +106,5 @@ TEST(CudaDataParallel, MixedPrecisionOnCpuDevicesIsAClearError) {
   EXPECT_NE(error.find("runs on GPU devices"), std::string::npos) << "'" << error << "'";
 }
 
-TEST(CudaDataParallel, ZeroOneOnGpuDevicesIsAClearError) {
-  DataParallelOptions options;
-  options.devices = 2;
-  options.device_type = DeviceType::cuda;
-  options.zero1 = true;
-  const std::string error = construction_error(options);
-  EXPECT_NE(error.find("ZeRO-1 over CUDA devices"), std::string::npos) << "'" << error << "'";
-}
-
 }  // namespace
 }  // namespace lockstep::parallel

@@ -34,9 +34,9 @@ void run_steps(DataParallel& dp, int64_t batch, int first_step, int steps, std::
 // Trains `steps` steps of a global batch on `devices` devices and returns device 0's weights.
 std::vector<std::vector<float>> train(const std::string& model_name, int devices, int64_t batch, int64_t micro,
                                       int steps, std::vector<double>* losses = nullptr, int threads_per_device = 1,
-                                      bool zero1 = false, const std::string& optimizer = "sgd") {
+                                      const std::string& optimizer = "sgd") {
   DataParallel dp(
-      {.devices = devices, .micro_batch = micro, .threads_per_device = threads_per_device, .zero1 = zero1},
+      {.devices = devices, .micro_batch = micro, .threads_per_device = threads_per_device},
       [&](int) { return nn::make_model(model_name, kSeed); },
       [&](std::vector<Tensor> params) { return make_optimizer(optimizer, std::move(params)); });
   for (int s = 0; s < steps; ++s) {
@@ -68,50 +68,96 @@ TEST(DataParallel, SameBitsWithAnyNumberOfThreadsPerDevice) {
   EXPECT_TRUE(same_bits(train("cnn", 1, 16, 8, 1, nullptr, 2), train("cnn", 2, 16, 8, 1)));
 }
 
-// ZeRO-1: each device steps its shard of the optimizer state; the weights are the bits of
-// the unsharded run, for SGD with momentum and for AdamW, on 2 and 4 devices (the MLP's
-// 669,706 parameters do not divide by 4: the last shard is padded).
-TEST(DataParallel, ZeroOneGivesTheSameBitsAsUnsharded) {
+// Each CPU device steps its share of every parameter (the MLP's biases of 10 fall to
+// device 0 whole): the weights are the bits of one device's run, for SGD with momentum and
+// for AdamW (whose step counts are per parameter), on 2 and 4 devices.
+TEST(DataParallel, ElementwiseOptimizersGiveTheSameBitsFromShares) {
   for (const std::string optimizer : {"sgd", "adamw"}) {
-    const auto one = train("mlp", 1, 32, 4, 3, nullptr, 1, false, optimizer);
-    EXPECT_TRUE(same_bits(train("mlp", 2, 32, 4, 3, nullptr, 1, true, optimizer), one)) << optimizer;
-    EXPECT_TRUE(same_bits(train("mlp", 4, 32, 4, 3, nullptr, 1, true, optimizer), one)) << optimizer;
+    const auto one = train("mlp", 1, 32, 4, 3, nullptr, 1, optimizer);
+    EXPECT_TRUE(same_bits(train("mlp", 2, 32, 4, 3, nullptr, 1, optimizer), one)) << optimizer;
+    EXPECT_TRUE(same_bits(train("mlp", 4, 32, 4, 3, nullptr, 1, optimizer), one)) << optimizer;
+  }
+}
+
+// CPU devices keep one copy of the weights, on device 0: the other replicas' parameters
+// are views of its bytes, on their own devices.
+TEST(DataParallel, CpuReplicasShareOneCopyOfTheWeights) {
+  DataParallel dp(
+      {.devices = 3, .micro_batch = 4}, [](int) { return nn::make_model("cnn", kSeed); },
+      [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
+  const auto first = dp.replica(0).named_parameters();
+  for (int d = 1; d < 3; ++d) {
+    const auto params = dp.replica(d).named_parameters();
+    ASSERT_EQ(params.size(), first.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(params[i].second.raw_data(), first[i].second.raw_data()) << d << " " << params[i].first;
+      EXPECT_EQ(params[i].second.device(), dp.device(d)) << params[i].first;
+    }
   }
 }
 
 // Each of 4 devices holds a quarter of the optimizer state, and the state gathered for a
-// checkpoint is the unsharded optimizer's, bit for bit; loaded into 2 sharded devices it
-// continues as the unsharded run does.
-TEST(DataParallel, ZeroOneHoldsAQuarterOfTheStateAndCheckpointsItWhole) {
-  auto make = [](int devices, bool zero1) {
+// checkpoint is the one-device optimizer's, bit for bit; loaded into 2 devices it
+// continues as the one-device run does.
+TEST(DataParallel, EachDeviceHoldsAQuarterOfTheStateAndCheckpointsItWhole) {
+  auto make = [](int devices) {
     return std::make_unique<DataParallel>(
-        DataParallelOptions{.devices = devices, .micro_batch = 4, .zero1 = zero1},
-        [](int) { return nn::make_model("mlp", kSeed); },
+        DataParallelOptions{.devices = devices, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
         [](std::vector<Tensor> params) { return make_optimizer("adamw", std::move(params)); });
   };
-  auto plain = make(1, false);
-  auto sharded = make(4, true);
+  auto plain = make(1);
+  auto sharded = make(4);
   run_steps(*plain, 16, 0, 2);
   run_steps(*sharded, 16, 0, 2);
   const int64_t whole = plain->optimizer_state_bytes(0);
   // Two f32 moments per parameter, and a step count per tensor.
   EXPECT_NEAR(whole, 2 * 4 * nn::make_model("mlp", kSeed)->num_parameters(), 64);
-  for (int d = 0; d < 4; ++d) EXPECT_NEAR(sharded->optimizer_state_bytes(d), whole / 4.0, 16.0) << d;
+  int64_t sum = 0;
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_NEAR(sharded->optimizer_state_bytes(d), whole / 4.0, 128.0) << d;
+    sum += sharded->optimizer_state_bytes(d);
+  }
+  EXPECT_NEAR(sum, whole, 3 * 6 * 8) << "each device counts its own steps";
 
   const NamedTensors want = plain->optimizer_state();
   const NamedTensors got = sharded->optimizer_state();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(got[i].first, want[i].first);
+    EXPECT_EQ(got[i].second.shape(), want[i].second.shape()) << want[i].first;
     EXPECT_EQ(got[i].second.to_vector<double>(), want[i].second.to_vector<double>()) << want[i].first;
   }
 
-  auto resumed = make(2, true);
-  for (int d = 0; d < 2; ++d) resumed->replica(d).load_state_dict(plain->replica(0).state_dict());
+  auto resumed = make(2);
+  resumed->replica(0).load_state_dict(plain->replica(0).state_dict());
   resumed->load_optimizer_state(want);
   run_steps(*plain, 16, 2, 2);
   run_steps(*resumed, 16, 2, 2);
   EXPECT_TRUE(same_bits(weights(resumed->replica(1)), weights(plain->replica(0))));
+}
+
+// A state that does not fit the model is refused as the unsharded optimizer refuses it,
+// naming the checkpoint's key, and no device's state changes.
+TEST(DataParallel, AStateOfAnotherModelIsRefusedByItsOwnKeys) {
+  DataParallel dp(
+      {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+      [](std::vector<Tensor> params) { return make_optimizer("sgd", std::move(params)); });
+  run_steps(dp, 8, 0, 1);
+  const NamedTensors before = dp.optimizer_state();
+  NamedTensors bad = before;
+  for (auto& [key, tensor] : bad)
+    if (key == "state.2.momentum_buffer") tensor = Tensor::zeros({3, 4});
+  try {
+    dp.load_optimizer_state(bad);
+    FAIL() << "a mis-shaped momentum buffer was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("state.2.momentum_buffer: shape [3, 4]"), std::string::npos)
+        << error.what();
+  }
+  const NamedTensors after = dp.optimizer_state();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_EQ(after[i].second.to_vector<double>(), before[i].second.to_vector<double>()) << after[i].first;
 }
 
 TEST(DataParallel, OddDeviceCountsWithPowerOfTwoShares) {

@@ -180,9 +180,10 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   for (size_t i = 0; i < expected.size(); ++i) {
     if (source[i] == nullptr) continue;
     const Tensor& target = expected[i].second;
-    // Loading a model's own state_dict into itself: the bytes are already there.
-    const bool same_bytes = source[i]->storage() == target.storage() && source[i]->offset() == target.offset() &&
-                            source[i]->strides() == target.strides() && source[i]->dtype() == target.dtype();
+    // Loading a model's own state_dict into itself, or into a replica that shares its
+    // weights: the bytes are already there.
+    const bool same_bytes = source[i]->raw_data() == target.raw_data() && source[i]->strides() == target.strides() &&
+                            source[i]->dtype() == target.dtype();
     if (!same_bytes) target.copy_from(*source[i]);
   }
 }

@@ -1,9 +1,12 @@
 #include "lockstep/parallel/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/comm/local_communicator.h"
+#include "lockstep/comm/tree_reduce.h"
+#include "lockstep/core/storage.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/gradient_tree.h"
 
@@ -21,47 +24,94 @@ void all_reduce_on_host(comm::Communicator& comm, const Tensor& tensor) {
 }
 
 // Each parameter's gradient, taken out of .grad as it is (zeros for a parameter that got
-// none). Without ZeRO the devices all-reduce these in place, one call per parameter: the
-// same bits as one flat buffer (the tree is over devices, element by element) without
-// copying every gradient into one each step (5% of the MLP's step on one thread).
+// none): the leaf of the step's tree, with no copy into a flat buffer (5% of the MLP's step
+// on one thread).
 std::vector<Tensor> take_grads(const std::vector<Tensor>& params) {
   std::vector<Tensor> grads;
   grads.reserve(params.size() + 1);
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
-    grads.push_back(g.defined() ? g : Tensor::zeros(p.shape(), p.dtype(), p.device()));
+    grads.push_back(g.defined() ? g.contiguous() : Tensor::zeros(p.shape(), p.dtype(), p.device()));
     p.set_grad(Tensor());
   }
   return grads;
+}
+
+// Device d's share of a parameter of n elements: the slice the one-host all-reduce gives it,
+// on a 64-byte boundary so no two devices write one cache line. Device 0's is never empty.
+struct Share {
+  int64_t begin = 0;
+  int64_t size = 0;
+};
+Share share_of(int64_t n, int device, int devices, DType dtype) {
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(dtype_size(dtype)));
+  const int64_t slice = ((n + devices - 1) / devices + align - 1) / align * align;
+  const int64_t begin = std::min(n, device * slice);
+  return {begin, std::min(n, begin + slice) - begin};
+}
+
+// A tensor on `device` over the bytes of `weights`, which it keeps alive. The device's
+// allocator never sees them: memory_stats counts shared weights once, on their own device.
+Tensor alias_on(const Tensor& weights, Device device) {
+  LOCKSTEP_CHECK(weights.is_contiguous()) << "a parameter " << shape_str(weights.shape())
+                                          << " is not contiguous; register contiguous tensors as parameters";
+  auto storage =
+      std::make_shared<Storage>(device, weights.nbytes(), weights.raw_data(), [keep = weights.storage()](void*) {});
+  return Tensor::from_storage(std::move(storage), weights.shape(), weights.dtype());
+}
+
+// Points `params` at the bytes of `weights` (replica 0's), where they stay on `device`.
+void share_weights(const std::vector<Tensor>& weights, const std::vector<Tensor>& params, Device device) {
+  LOCKSTEP_CHECK(params.size() == weights.size())
+      << "make_replica gave " << device << " a model with " << params.size() << " parameters, but " << weights.size()
+      << " to device 0: every device needs the same model";
+  for (size_t i = 0; i < params.size(); ++i) {
+    LOCKSTEP_CHECK(params[i].shape() == weights[i].shape() && params[i].dtype() == weights[i].dtype())
+        << "make_replica gave " << device << " parameter " << i << " as " << shape_str(params[i].shape()) << " "
+        << dtype_name(params[i].dtype()) << ", but device 0 " << shape_str(weights[i].shape()) << " "
+        << dtype_name(weights[i].dtype()) << ": every device needs the same model";
+    params[i].set_data(alias_on(weights[i], device));
+  }
 }
 
 }  // namespace
 
 DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
                            const OptimizerFactory& make_optimizer)
-    : options_(options) {
+    : options_(options), shared_weights_(options.device_type == DeviceType::cpu), make_optimizer_(make_optimizer) {
   LOCKSTEP_CHECK(options.devices >= 1) << "data parallel needs at least one device, got " << options.devices;
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
   check_precision(options.precision, Device(options.device_type, 0));
-  LOCKSTEP_CHECK(!(options.zero1 && options.device_type == DeviceType::cuda))
-      << "ZeRO-1 over CUDA devices in one process is not supported yet: use --strategy dp without zero1, or one "
-         "process per GPU (lockstep run ... --strategy zero1 --backend nccl)";
   comms_ = comm::LocalCommunicator::create_group(options.devices);
-  gradients_.reserve(static_cast<size_t>(options.devices));  // the sharded optimizers keep references
+  const auto devices = static_cast<size_t>(options.devices);
   for (int d = 0; d < options.devices; ++d) {
     replicas_.push_back(make_replica(d));
     // Each replica lives on its own device, so memory_stats(cpu:d) is device d's memory.
     const Device device = this->device(d);
     replicas_.back()->to(device);
-    gradients_.emplace_back(replicas_.back()->parameters(), options.zero1 ? options.devices : 1);
-    if (options.zero1) {
-      sharded_.push_back(std::make_unique<ShardedOptimizer>(gradients_.back(), *comms_[d], make_optimizer));
-    } else {
-      optimizers_.push_back(make_optimizer(replicas_.back()->parameters()));
+    params_.push_back(replicas_.back()->parameters());
+    if (!shared_weights_) {
+      optimizers_.push_back(make_optimizer(params_.back()));
+      continue;
     }
+    if (d > 0) share_weights(params_[0], params_.back(), device);
+    std::vector<size_t>& owned = owned_.emplace_back();
+    std::vector<Tensor>& views = share_views_.emplace_back();
+    NoGradGuard no_grad;  // the views are leaves of their own, not steps of the model's graph
+    for (size_t i = 0; i < params_.back().size(); ++i) {
+      const Tensor& p = params_.back()[i];
+      const Share share = share_of(p.numel(), d, options.devices, p.dtype());
+      if (share.size == 0) continue;
+      owned.push_back(i);
+      Tensor view = slice(p.reshape({p.numel()}), 0, share.begin, share.begin + share.size);
+      view.set_requires_grad(true);
+      views.push_back(view);
+    }
+    optimizers_.push_back(make_optimizer(views));
   }
-  if (options.precision == DType::f16) scalers_.resize(static_cast<size_t>(options.devices));
+  sums_.resize(devices);
+  if (options.precision == DType::f16) scalers_.resize(devices);
   workers_ = std::make_unique<DeviceWorkers>(
       options.devices, options.threads_per_device, [this](int device, const std::string& message) {
         // The other devices stop waiting for this one.
@@ -73,22 +123,57 @@ DataParallel::~DataParallel() = default;
 
 void DataParallel::set_lr(double lr) {
   for (const auto& optimizer : optimizers_) optimizer->set_lr(lr);
-  for (const auto& optimizer : sharded_) optimizer->set_lr(lr);
 }
 
-double DataParallel::lr() const { return options_.zero1 ? sharded_[0]->lr() : optimizers_[0]->lr(); }
+double DataParallel::lr() const { return optimizers_[0]->lr(); }
+
+int DataParallel::local_index(int device, size_t param) const {
+  const std::vector<size_t>& owned = owned_[static_cast<size_t>(device)];
+  const auto it = std::lower_bound(owned.begin(), owned.end(), param);
+  return it != owned.end() && *it == param ? static_cast<int>(it - owned.begin()) : -1;
+}
 
 NamedTensors DataParallel::optimizer_state() {
-  if (!options_.zero1) {
+  if (!shared_weights_) {
     NamedTensors state = optimizers_[0]->state_dict();
     if (!scalers_.empty()) {
       for (auto& entry : scalers_[0].state_dict()) state.push_back(std::move(entry));
     }
     return state;
   }
-  std::vector<NamedTensors> states(static_cast<size_t>(devices()));
-  workers_->run([&](int d) { states[static_cast<size_t>(d)] = sharded_[static_cast<size_t>(d)]->full_state_dict(); });
-  return states[0];
+  // "step", then per parameter its slots, as the unsharded optimizer orders them: a
+  // per-element slot put together from the devices' shares, a count from device 0's.
+  NamedTensors state;
+  for (const auto& [key, tensor] : optimizers_[0]->state_dict()) {
+    size_t index = 0;
+    std::string slot;
+    if (!optim::parse_state_key(key, index, slot)) state.emplace_back(key, tensor.clone());
+  }
+  const std::vector<optim::StateSlot>& slots = optimizers_[0]->slots();
+  for (size_t i = 0; i < params_[0].size(); ++i) {
+    const Tensor& param = params_[0][i];
+    const int first = local_index(0, i);
+    if (first < 0) continue;  // an empty parameter: no state
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const Tensor& device0 = optimizers_[0]->state(static_cast<size_t>(first), s);
+      if (!device0.defined()) continue;
+      if (!slots[s].per_element) {
+        state.emplace_back(optim::state_key(i, slots[s].name), device0.clone());
+        continue;
+      }
+      Tensor whole = Tensor::empty(param.shape(), device0.dtype(), device(0));
+      const Tensor flat = whole.reshape({whole.numel()});
+      for (int d = 0; d < devices(); ++d) {
+        const int j = local_index(d, i);
+        if (j < 0) continue;
+        const Share share = share_of(param.numel(), d, devices(), param.dtype());
+        slice(flat, 0, share.begin, share.begin + share.size)
+            .copy_from(optimizers_[static_cast<size_t>(d)]->state(static_cast<size_t>(j), s));
+      }
+      state.emplace_back(optim::state_key(i, slots[s].name), whole);
+    }
+  }
+  return state;
 }
 
 void DataParallel::load_optimizer_state(const NamedTensors& state) {
@@ -98,12 +183,39 @@ void DataParallel::load_optimizer_state(const NamedTensors& state) {
   if (!scaler_state.empty()) {
     for (auto& scaler : scalers_) scaler.load_state_dict(scaler_state);
   }
-  for (const auto& optimizer : optimizers_) optimizer->load_state_dict(optimizer_state);
-  for (const auto& optimizer : sharded_) optimizer->load_full_state_dict(state);
+  if (!shared_weights_) {
+    for (const auto& optimizer : optimizers_) optimizer->load_state_dict(optimizer_state);
+    return;
+  }
+  // Loaded first into an unsharded optimizer, which checks it and names any problem by the
+  // checkpoint's own keys; then each device takes its shares.
+  const std::unique_ptr<optim::Optimizer> whole = make_optimizer_(params_[0]);
+  whole->load_state_dict(optimizer_state);
+  const std::vector<optim::StateSlot>& slots = whole->slots();
+  for (int d = 0; d < devices(); ++d) {
+    NamedTensors shares;
+    for (const auto& [key, tensor] : whole->state_dict()) {
+      size_t index = 0;
+      std::string slot;
+      if (!optim::parse_state_key(key, index, slot)) shares.emplace_back(key, tensor);
+    }
+    const std::vector<size_t>& owned = owned_[static_cast<size_t>(d)];
+    for (size_t j = 0; j < owned.size(); ++j) {
+      for (size_t s = 0; s < slots.size(); ++s) {
+        const Tensor& value = whole->state(owned[j], s);
+        if (!value.defined()) continue;
+        const Share share = share_of(value.numel(), d, devices(), value.dtype());
+        shares.emplace_back(optim::state_key(j, slots[s].name),
+                            slots[s].per_element
+                                ? slice(value.reshape({value.numel()}), 0, share.begin, share.begin + share.size)
+                                : value);
+      }
+    }
+    optimizers_[static_cast<size_t>(d)]->load_state_dict(shares);  // copies
+  }
 }
 
 int64_t DataParallel::optimizer_state_bytes(int device) const {
-  if (options_.zero1) return sharded_.at(static_cast<size_t>(device))->state_bytes();
   return optimizers_.at(static_cast<size_t>(device))->state_bytes();
 }
 
@@ -113,8 +225,7 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   nn::Module& model = *replicas_[device];
-  const FlatGradients& gradients = gradients_[static_cast<size_t>(device)];
-  const std::vector<Tensor>& params = gradients.params();
+  const std::vector<Tensor>& params = params_[static_cast<size_t>(device)];
   const int64_t batch = images.size(0);
   const int64_t micro = options_.micro_batch;
   const int64_t per_device = batch / devices();
@@ -124,13 +235,14 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
     const Tensor loss = run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed,
                                         this->device(device), precision);
     // The loss rides along as the leaf's last entry, so it is summed in the same order.
-    std::vector<Tensor> leaf = options_.zero1 ? std::vector<Tensor>{gradients.take_all()} : take_grads(params);
+    std::vector<Tensor> leaf = take_grads(params);
     leaf.push_back(loss);
     tree.add_leaf(std::move(leaf));
   }
   std::vector<Tensor> sums = tree.finish();
   const Tensor loss_sum = sums.back();
   sums.pop_back();
+  if (shared_weights_) sums_[static_cast<size_t>(device)] = std::move(sums);  // published by the barrier
   times.compute = seconds_since(start);
 
   comm::Communicator& comm = *comms_[device];
@@ -140,25 +252,51 @@ void DataParallel::run_device(int device, const Tensor& images, const Tensor& la
   start = StepClock::now();
   all_reduce_on_host(comm, loss_sum);
   if (device == 0) result.loss = loss_sum.item();
-  if (!options_.zero1) {
-    for (const Tensor& grad : sums) all_reduce_on_host(comm, grad);
-    times.communicate = seconds_since(start);
-    start = StepClock::now();
-    bool finite = true;
-    if (!scalers_.empty()) {  // every device sees the same sum, so all decide alike
-      finite = scalers_[device].unscale(sums);
-      scalers_[device].update(finite);
-      if (device == 0) result.skipped = !finite;
-    }
-    for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(sums[i]);
-    if (finite) optimizers_[device]->step();
-    optimizers_[device]->zero_grad();
-    times.optimizer = seconds_since(start);
-    return;
-  }
-  // ZeRO-1: each device reduces and steps its shard, then gathers everyone's weights.
   times.communicate = seconds_since(start);
-  sharded_[device]->step(sums[0], times);
+  if (shared_weights_) return step_share(device, times);
+  start = StepClock::now();
+  for (const Tensor& grad : sums) all_reduce_on_host(comm, grad);
+  times.communicate += seconds_since(start);
+  start = StepClock::now();
+  bool finite = true;
+  if (!scalers_.empty()) {  // every device sees the same sum, so all decide alike
+    finite = scalers_[device].unscale(sums);
+    scalers_[device].update(finite);
+    if (device == 0) result.skipped = !finite;
+  }
+  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(sums[i]);
+  if (finite) optimizers_[device]->step();
+  optimizers_[device]->zero_grad();
+  times.optimizer = seconds_since(start);
+}
+
+void DataParallel::step_share(int device, DeviceTimes& times) {
+  StepClock::time_point start = StepClock::now();
+  const std::vector<size_t>& owned = owned_[static_cast<size_t>(device)];
+  const std::vector<Tensor>& views = share_views_[static_cast<size_t>(device)];
+  std::vector<const void*> inputs(static_cast<size_t>(devices()));
+  {
+    NoGradGuard no_grad;
+    for (size_t j = 0; j < owned.size(); ++j) {
+      // The all-reduce's fold, in its order, of this device's share only, into its own sums:
+      // the other devices read only their own shares of them.
+      const Tensor& sum = sums_[static_cast<size_t>(device)][owned[j]];
+      const Share share = share_of(sum.numel(), device, devices(), sum.dtype());
+      if (devices() > 1) {  // one device's sum is already the whole
+        const size_t offset = static_cast<size_t>(share.begin) * dtype_size(sum.dtype());
+        for (size_t e = 0; e < inputs.size(); ++e)
+          inputs[e] = static_cast<const char*>(sums_[e][owned[j]].raw_data()) + offset;
+        comm::tree_reduce(inputs.data(), devices(), static_cast<char*>(sum.raw_data()) + offset, share.size,
+                          sum.dtype(), comm::ReduceOp::sum);
+      }
+      views[j].set_grad(slice(sum.reshape({sum.numel()}), 0, share.begin, share.begin + share.size));
+    }
+  }
+  times.communicate += seconds_since(start);
+  start = StepClock::now();
+  optimizers_[static_cast<size_t>(device)]->step();
+  optimizers_[static_cast<size_t>(device)]->zero_grad();
+  times.optimizer = seconds_since(start);
 }
 
 StepResult DataParallel::step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
@@ -169,6 +307,13 @@ StepResult DataParallel::step(const Tensor& images, const Tensor& labels, int64_
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
   StepResult result;
   result.devices.resize(static_cast<size_t>(devices()));
+  // Every device has folded its shares once the run is over: the sums go, error or not.
+  struct ReleaseSums {
+    std::vector<std::vector<Tensor>>& sums;
+    ~ReleaseSums() {
+      for (auto& device_sums : sums) device_sums.clear();
+    }
+  } release{sums_};
   workers_->run([&](int device) { run_device(device, images, labels, first_sample, step, seed, result); });
   return result;
 }

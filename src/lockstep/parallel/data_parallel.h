@@ -2,10 +2,19 @@
 // one replica of the model per device, made once, each driven by its own long-lived worker
 // thread. Each step the global batch is cut into micro-batches in sample order; each device
 // runs a contiguous run of them and folds their gradients as its subtree of the step's
-// tree, the `local` communicator folds the top of the tree across devices in one flat
-// all-reduce, and every replica takes the same optimizer step. For a fixed (seed, global
-// batch, micro-batch) the weights are the same bits on any number of devices whose share
-// of micro-batches is a power of two, and with any number of threads per device.
+// tree, and the top of the tree is folded across devices in the all-reduce's order.
+//
+// CPU devices share one copy of the weights (host memory is every CPU device's memory).
+// Each device folds the top of the tree for its share of every parameter only (the slice
+// the one-host all-reduce would give it) and steps that share: no device repeats the
+// optimizer or copies sums back, and each holds 1/N of the optimizer state. That is ZeRO
+// stage 1 with nothing to gather. GPU replicas each keep their weights: the `local`
+// communicator all-reduces the sums, and every replica takes the same optimizer step.
+//
+// For a fixed (seed, global batch, micro-batch) the weights are the same bits on any number
+// of devices whose share of micro-batches is a power of two, and with any number of threads
+// per device: the optimizers are elementwise, so each element gets the same update wherever
+// it is stepped.
 #pragma once
 
 #include <functional>
@@ -17,7 +26,6 @@
 #include "lockstep/optim/loss_scaler.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/device_workers.h"
-#include "lockstep/parallel/flat_gradients.h"
 #include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
 
@@ -28,7 +36,6 @@ struct DataParallelOptions {
   DeviceType device_type = DeviceType::cpu;
   int64_t micro_batch = 1;  // samples per micro-batch: the leaf of the step's tree
   int threads_per_device = 1;
-  bool zero1 = false;  // shard the optimizer state across the devices (ZeRO stage 1)
   // GPU devices: the type matrix products read (bf16, f16; core/autocast.h); f16 also scales
   // the loss (optim/loss_scaler.h) and skips steps whose gradients overflow.
   DType precision = DType::f32;
@@ -38,10 +45,10 @@ class DataParallel {
  public:
   using MakeReplica = std::function<std::shared_ptr<nn::Module>(int device)>;
 
-  // make_replica(d) must give the same initial weights for every d (e.g. one seed). The
-  // parameters must share one dtype (the gradients travel as one flat buffer).
-  // make_optimizer(params) builds an elementwise optimizer (SGD, AdamW): over a replica's
-  // parameters, or under zero1 over one flat shard of them.
+  // make_replica(d) must give the same model for every d, and on GPUs the same initial
+  // weights (e.g. one seed); CPU devices all take replica 0's. make_optimizer(params) builds
+  // an elementwise optimizer (SGD, AdamW): over a replica's parameters, or on CPU devices
+  // over 1-D views of one device's shares of them.
   DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
                const OptimizerFactory& make_optimizer);
   ~DataParallel();
@@ -61,24 +68,38 @@ class DataParallel {
   void set_lr(double lr);
   double lr() const;
   // The optimizer state as one unsharded optimizer over a replica's parameters holds it
-  // (the same for every device; under zero1 gathered from the shards; under f16 with the
-  // loss scaler's entries), and its loading into every device.
+  // (on CPU devices gathered from their shares; under f16 with the loss scaler's entries),
+  // and its loading into every device. Checkpoints hold it, so they load on any number of
+  // devices.
   NamedTensors optimizer_state();
   void load_optimizer_state(const NamedTensors& state);
-  // Bytes of optimizer state device d holds (1/devices() of the whole under zero1).
+  // Bytes of optimizer state device d holds (about 1/devices() of the whole on CPU devices).
   int64_t optimizer_state_bytes(int device) const;
 
  private:
   // Device d's part of a step; device 0 also writes the step's loss.
   void run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
                   uint64_t seed, StepResult& result);
+  // Shared weights: folds device d's share of every device's sums and steps it.
+  void step_share(int device, DeviceTimes& times);
+  // Shared weights: the position of parameter `param` among device d's optimizer's
+  // parameters, or -1 when its share of it is empty.
+  int local_index(int device, size_t param) const;
 
   DataParallelOptions options_;
+  bool shared_weights_;  // CPU devices
+  OptimizerFactory make_optimizer_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;
-  std::vector<FlatGradients> gradients_;
-  std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;  // without zero1
-  std::vector<std::unique_ptr<ShardedOptimizer>> sharded_;     // with zero1
-  std::vector<optim::LossScaler> scalers_;                     // f16: one per device, all alike
+  std::vector<std::vector<Tensor>> params_;  // per device: its replica's parameters
+  // Shared weights, per device: the parameters whose share is not empty, in order, and
+  // 1-D views of those shares (its optimizer's parameters).
+  std::vector<std::vector<size_t>> owned_;
+  std::vector<std::vector<Tensor>> share_views_;
+  // Shared weights, per device: the sums of its subtree during a step, which every device
+  // reads its share of.
+  std::vector<std::vector<Tensor>> sums_;
+  std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
+  std::vector<optim::LossScaler> scalers_;  // f16: one per device, all alike
   std::vector<std::shared_ptr<comm::Communicator>> comms_;
   std::unique_ptr<DeviceWorkers> workers_;
 };
