@@ -287,6 +287,25 @@ void check_split(Communicator& comm) {
   comm.barrier();  // the parent still works after a split
 }
 
+// empty_common: one zeroed buffer for all ranks where they share memory (each rank's
+// element is written by it and read by all after a barrier), undefined where they do not.
+void check_common_memory(Communicator& comm) {
+  const int64_t stride = 16;  // a cache line of floats per rank
+  const Tensor common = comm.empty_common({comm.size() * stride}, DType::f32);
+  if (!comm.shares_memory()) {
+    EXPECT_FALSE(common.defined()) << comm.backend() << " shares no memory";
+    return;
+  }
+  ASSERT_TRUE(common.defined()) << comm.backend();
+  EXPECT_EQ(common.shape(), (Shape{comm.size() * stride}));
+  EXPECT_EQ(as_doubles(common), std::vector<double>(static_cast<size_t>(comm.size() * stride), 0.0));
+  comm.barrier();  // all have read the zeros
+  common.data<float>()[comm.rank() * stride] = static_cast<float>(comm.rank() + 1);
+  comm.barrier();
+  for (int q = 0; q < comm.size(); ++q) EXPECT_EQ(common.data<float>()[q * stride], q + 1.0f) << "rank " << q;
+  comm.barrier();  // all have read before any lets go of it
+}
+
 void run_conformance(Communicator& comm) {
   check_all_reduce_exact(comm);
   check_all_reduce_tree_order(comm);
@@ -296,6 +315,7 @@ void run_conformance(Communicator& comm) {
   check_send_recv(comm);
   check_barrier_and_async(comm);
   check_split(comm);
+  check_common_memory(comm);
 }
 
 void check_mismatch_is_named(Communicator& comm) {

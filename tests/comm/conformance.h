@@ -19,6 +19,7 @@ void check_broadcast(Communicator& comm);
 void check_send_recv(Communicator& comm);
 void check_barrier_and_async(Communicator& comm);
 void check_split(Communicator& comm);
+void check_common_memory(Communicator& comm);
 // All of the above.
 void run_conformance(Communicator& comm);
 

@@ -173,17 +173,21 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
   EXPECT_EQ(exits[1].output, "");  // only rank 0 reports
   EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
 
-  // ZeRO-1: the same bits, half the optimizer state on each of the two ranks, and the
-  // allocator's peak lower by about that half.
+  // ZeRO-1: the same bits. Processes that share memory (shm) keep one copy of the weights
+  // and each steps its shard, under ddp as under zero1: half the optimizer state on each of
+  // the two ranks, and the allocator's peak below one device's by more than that half.
   const auto sharded = comm::testing::launch_program(
       2, kBinary, split_words(flags + " --strategy zero1 --out " + (root_ / "zero1").string()), {});
   for (const auto& e : sharded) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(sharded);
   EXPECT_EQ(summary(root_ / "zero1")["weights_sha256"], reference);
-  const double whole = summary(root_ / "ddp")["optimizer_state_bytes"];
-  EXPECT_NEAR(summary(root_ / "zero1")["optimizer_state_bytes"].get<double>(), whole / 2, 64) << whole;
-  const double ddp_peak = summary(root_ / "ddp")["peak_memory_bytes"];
-  const double zero1_peak = summary(root_ / "zero1")["peak_memory_bytes"];
-  EXPECT_LT(zero1_peak, ddp_peak - 0.4 * whole) << "ddp peak " << ddp_peak << ", optimizer state " << whole;
+  const double whole = summary(root_ / "one")["optimizer_state_bytes"];
+  const double one_peak = summary(root_ / "one")["peak_memory_bytes"];
+  for (const std::string strategy : {"ddp", "zero1"}) {
+    const nlohmann::json run_summary = summary(root_ / strategy);
+    EXPECT_NEAR(run_summary["optimizer_state_bytes"].get<double>(), whole / 2, 64) << strategy << " " << whole;
+    EXPECT_LT(run_summary["peak_memory_bytes"].get<double>(), one_peak - 0.4 * whole)
+        << strategy << ": one device's peak " << one_peak << ", optimizer state " << whole;
+  }
 
   if (!on_path("mpirun")) GTEST_SKIP() << "mpirun is not on PATH (install openmpi-bin)";
   for (const std::string backend : {"auto", "mpi"}) {
@@ -192,6 +196,8 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(summary(out)["weights_sha256"], reference) << backend;
   }
+  // MPI's ranks share no memory: each keeps its weights and steps all of them.
+  EXPECT_NEAR(summary(root_ / "mpi-mpi")["optimizer_state_bytes"].get<double>(), whole, 64);
 }
 
 // A rank killed mid-run (kill -9) ends the job: the survivor stops with an error that

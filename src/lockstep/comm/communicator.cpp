@@ -240,4 +240,6 @@ Tensor Communicator::empty_shared(const Shape& shape, DType dtype, Device device
   return Tensor::empty(shape, dtype, device);
 }
 
+Tensor Communicator::empty_common(const Shape& /*shape*/, DType /*dtype*/, Device /*device*/) { return Tensor(); }
+
 }  // namespace lockstep::comm

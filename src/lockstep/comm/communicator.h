@@ -82,6 +82,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // in-place algorithm needs no staging copy. Collective: every rank allocates the same
   // shape. Other backends return an ordinary tensor on `device`.
   virtual Tensor empty_shared(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // One zeroed tensor whose bytes are the same memory on every rank of this group (threads
+  // of `local`, processes of `shm`), so one rank's writes are the others' after a barrier.
+  // Collective: every rank asks for the same shape. Undefined where the ranks share no
+  // memory (`mpi`, `nccl`), that is unless shares_memory().
+  virtual Tensor empty_common(const Shape& shape, DType dtype, Device device = Device::cpu());
+  virtual bool shares_memory() const { return false; }
 
   // May be changed at any time; calls already waiting keep the limit they started with.
   std::chrono::milliseconds timeout() const { return timeout_.load(); }

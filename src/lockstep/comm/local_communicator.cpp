@@ -30,6 +30,12 @@ struct LocalGroup {
   };
   std::mutex mutex;
   std::map<std::pair<uint64_t, int>, Handoff> handoffs;  // by (split sequence, color)
+
+  struct Common {
+    Tensor tensor;
+    int taken = 0;  // ranks that have it
+  };
+  std::map<uint64_t, Common> commons;  // by call number
 };
 
 std::vector<std::shared_ptr<Communicator>> LocalCommunicator::create_group(int size) {
@@ -44,6 +50,20 @@ LocalCommunicator::LocalCommunicator(int rank, std::shared_ptr<LocalGroup> group
     : OneHostCommunicator(rank, group->size, group->control), group_(std::move(group)) {}
 
 LocalCommunicator::~LocalCommunicator() { leave(); }
+
+Tensor LocalCommunicator::empty_common(const Shape& shape, DType dtype, Device device) {
+  const uint64_t call = commons_++;
+  std::lock_guard lock(group_->mutex);
+  LocalGroup::Common& common = group_->commons[call];
+  if (!common.tensor.defined()) common.tensor = Tensor::zeros(shape, dtype, device);
+  LOCKSTEP_CHECK(common.tensor.shape() == shape && common.tensor.dtype() == dtype)
+      << "empty_common #" << call << ": rank " << rank() << " asked for " << shape_str(shape) << " "
+      << dtype_name(dtype) << ", another rank for " << shape_str(common.tensor.shape()) << " "
+      << dtype_name(common.tensor.dtype()) << ": every rank must ask for the same";
+  Tensor tensor = common.tensor;
+  if (++common.taken == size()) group_->commons.erase(call);
+  return tensor;
+}
 
 std::optional<BufferRef> LocalCommunicator::direct_ref(const void* data, size_t /*bytes*/) {
   BufferRef ref;

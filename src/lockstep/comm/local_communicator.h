@@ -20,6 +20,8 @@ class LocalCommunicator : public OneHostCommunicator {
   LocalCommunicator(int rank, std::shared_ptr<LocalGroup> group);
   ~LocalCommunicator() override;
   const char* backend() const override { return "local"; }
+  // The first rank to ask allocates it; the others get the same tensor.
+  Tensor empty_common(const Shape& shape, DType dtype, Device device = Device::cpu()) override;
 
  protected:
   std::optional<BufferRef> direct_ref(const void* data, size_t bytes) override;
@@ -31,6 +33,7 @@ class LocalCommunicator : public OneHostCommunicator {
 
  private:
   std::shared_ptr<LocalGroup> group_;
+  uint64_t commons_ = 0;  // empty_common calls so far
 };
 
 }  // namespace lockstep::comm

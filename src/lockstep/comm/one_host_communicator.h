@@ -29,6 +29,7 @@ class OneHostCommunicator : public Communicator {
   // of the group must use the same value.
   void set_direct_all_reduce_bytes(size_t bytes) { direct_bytes_ = bytes; }
   void abort(const std::string& reason) override { mark(RankState::failed, reason); }
+  bool shares_memory() const override { return true; }  // host memory: empty_common
 
  protected:
   // control: the group's control block, laid out by GroupLayout(size) and already

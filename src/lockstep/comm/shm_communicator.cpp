@@ -156,6 +156,31 @@ Tensor ShmCommunicator::empty_shared(const Shape& shape, DType dtype, Device dev
   return Tensor::from_storage(std::move(storage), shape, dtype);
 }
 
+Tensor ShmCommunicator::empty_common(const Shape& shape, DType dtype, Device device) {
+  LOCKSTEP_CHECK(device.is_cpu()) << "the shm backend shares host memory; empty_common on " << device.str()
+                                  << " is not possible";
+  const size_t bytes = static_cast<size_t>(numel(shape)) * dtype_size(dtype);
+  const size_t mapped = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  const uint64_t id = next_region_++;
+  const std::string what = "empty_common #" + std::to_string(id);
+  const std::string key = prefix_ + "/region" + std::to_string(id);
+  const std::string name = segment_name(name_base_, 0, id);
+  auto segment = std::make_shared<ShmSegment>();
+  try {
+    if (rank() == 0) *segment = ShmSegment::create(name, mapped);
+    store_all_gather(*store_, key + "/created", rank(), size(), "", timeout(), what);
+    if (rank() != 0) *segment = ShmSegment::open(name, mapped);
+    store_all_gather(*store_, key + "/mapped", rank(), size(), "", timeout(), what);
+  } catch (...) {
+    unlink_segment(name);
+    throw;
+  }
+  if (rank() == 0) unlink_segment(name);
+  void* data = segment->data();
+  auto storage = std::make_shared<Storage>(device, bytes, data, [segment](void*) mutable { segment.reset(); });
+  return Tensor::from_storage(std::move(storage), shape, dtype);
+}
+
 std::optional<BufferRef> ShmCommunicator::direct_ref(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   std::lock_guard lock(regions_->mutex);

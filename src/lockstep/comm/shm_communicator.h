@@ -29,6 +29,8 @@ class ShmCommunicator : public OneHostCommunicator {
   const char* backend() const override { return "shm"; }
 
   Tensor empty_shared(const Shape& shape, DType dtype, Device device = Device::cpu()) override;
+  // Rank 0's segment, mapped by every rank.
+  Tensor empty_common(const Shape& shape, DType dtype, Device device = Device::cpu()) override;
 
  protected:
   std::optional<BufferRef> direct_ref(const void* data, size_t bytes) override;

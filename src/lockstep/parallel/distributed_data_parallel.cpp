@@ -36,7 +36,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(options),
-      gradients_(model_->parameters(), options.zero1 ? comm_->size() : 1) {
+      gradients_(model_->parameters(), comm_->size()) {
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
   LOCKSTEP_CHECK(options.bucket_bytes >= 1 && options.first_bucket_bytes >= 1)
@@ -48,7 +48,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   LOCKSTEP_CHECK(!(options.zero1 && options.precision == DType::f16))
       << "f16 with ZeRO-1 is not supported yet: use bf16 (no loss scale needed) or --strategy ddp";
   if (options.precision == DType::f16) scaler_.emplace();
-  if (options.zero1) {
+  // Ranks that share host memory keep one copy of the weights and shard the optimizer
+  // (f16's loss scaler needs every rank to see every sum, and runs on GPUs only anyway).
+  const bool common = comm_->shares_memory() && gradients_.params().front().device().is_cpu() && !scaler_;
+  if (options.zero1 || common) {
     sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer);
   } else {
     optimizer_ = make_optimizer(model_->parameters());
@@ -110,7 +113,7 @@ void DistributedDataParallel::on_gradient_ready(size_t param) {
   gradients_.take(param, last_leaf_);
   taken_[param] = true;
   --missing_[bucket_of_[param]];
-  if (!sharded_) start_ready_buckets();  // zero1 reduce-scatters after backward
+  if (!options_.zero1) start_ready_buckets();  // zero1 reduce-scatters after backward
 }
 
 void DistributedDataParallel::clear_grad_destinations() {
@@ -193,7 +196,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
     gradients_.take(i, last_leaf_);
     --missing_[bucket_of_[i]];
   }
-  if (sharded_) {
+  if (options_.zero1) {
     tree_.finish_range(last_leaf_, 0, last_leaf_.numel());
   } else {
     start_ready_buckets();
@@ -207,25 +210,28 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
   const Tensor loss = losses.finish()[0];
   comm_->all_reduce(loss);
   result.loss = loss.item();
-  if (!sharded_) {
-    times.communicate = seconds_since(start);
-    start = StepClock::now();
-    bool finite = true;
-    if (scaler_) {  // every rank sees the same sum, so all decide alike
-      finite = scaler_->unscale({last_leaf_});
-      scaler_->update(finite);
-      result.skipped = !finite;
+  times.communicate = seconds_since(start);
+  if (sharded_) {
+    if (options_.zero1) {
+      sharded_->step(last_leaf_, times);
+    } else {
+      sharded_->step_reduced(last_leaf_, times);
     }
-    gradients_.give(last_leaf_);
-    if (finite) optimizer_->step();
-    optimizer_->zero_grad();
     last_leaf_ = Tensor();
-    times.optimizer = seconds_since(start);
     return;
   }
-  times.communicate = seconds_since(start);
-  sharded_->step(last_leaf_, times);
+  start = StepClock::now();
+  bool finite = true;
+  if (scaler_) {  // every rank sees the same sum, so all decide alike
+    finite = scaler_->unscale({last_leaf_});
+    scaler_->update(finite);
+    result.skipped = !finite;
+  }
+  gradients_.give(last_leaf_);
+  if (finite) optimizer_->step();
+  optimizer_->zero_grad();
   last_leaf_ = Tensor();
+  times.optimizer = seconds_since(start);
 }
 
 }  // namespace lockstep::parallel

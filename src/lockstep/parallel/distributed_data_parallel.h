@@ -13,7 +13,11 @@
 // - then the loss is reduced and the optimizer steps;
 // - with zero1 (ZeRO stage 1) the optimizer state is sharded (sharded_optimizer.h): after
 //   backward the gradients are reduce-scattered in one call (no buckets yet), each rank
-//   steps its shard, and the weights are all-gathered.
+//   steps its shard, and the weights are all-gathered;
+// - ranks that share memory (`shm` processes, `local` threads) on CPU devices keep one copy
+//   of the weights, and each steps only its shard of them after the all-reduce (ZeRO-1's
+//   sharding, with the buckets' overlap kept and nothing to gather), so no rank repeats the
+//   optimizer; with zero1 as well, a barrier takes the all-gather's place.
 // The weights are the bits DataParallel gives on as many devices, and one device gives.
 #pragma once
 
@@ -52,7 +56,8 @@ struct GradientBucket {
 class DistributedDataParallel {
  public:
   // model: this rank's replica; make_optimizer(params): an elementwise optimizer (SGD,
-  // AdamW) over the model's parameters, or under zero1 over this rank's flat shard of them.
+  // AdamW) over the model's parameters, or over this rank's flat shard of them (zero1, or
+  // ranks that share memory).
   // The communicator's ranks are the devices. Collective (rank 0's weights are broadcast).
   DistributedDataParallel(std::shared_ptr<nn::Module> model, const OptimizerFactory& make_optimizer,
                           std::shared_ptr<comm::Communicator> comm, const DistributedDataParallelOptions& options);
@@ -89,8 +94,8 @@ class DistributedDataParallel {
   std::shared_ptr<comm::Communicator> comm_;
   DistributedDataParallelOptions options_;
   FlatGradients gradients_;
-  std::unique_ptr<optim::Optimizer> optimizer_;  // without zero1
-  std::unique_ptr<ShardedOptimizer> sharded_;    // with zero1
+  std::unique_ptr<optim::Optimizer> optimizer_;  // unsharded
+  std::unique_ptr<ShardedOptimizer> sharded_;    // zero1, or ranks that share memory
   std::optional<optim::LossScaler> scaler_;      // f16
   std::vector<GradientBucket> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter

@@ -13,29 +13,49 @@ ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicat
       << " equal shards: build its FlatGradients with shards = " << comm.size();
   // The parameters move into one flat buffer, so this rank's shard is a view of it: the
   // optimizer updates the weights in place, and no second copy of them is kept.
-  weights_ = layout.gather_values();
-  for (size_t i = 0; i < layout.params().size(); ++i) layout.params()[i].set_data(layout.view(weights_, i));
+  const Tensor values = layout.gather_values();
   const int64_t size = layout.padded_numel() / comm.size();
-  shard_ = slice(weights_, 0, size * comm.rank(), size * (comm.rank() + 1));
+  const int64_t begin = size * comm.rank(), end = begin + size;
+  weights_ = comm.empty_common(values.shape(), values.dtype(), values.device());
+  common_ = weights_.defined();
+  if (common_) {
+    // Every rank holds the same values: each writes its own shard of the one copy.
+    slice(weights_, 0, begin, end).copy_from(slice(values, 0, begin, end));
+    comm.barrier();
+  } else {
+    weights_ = values;
+  }
+  for (size_t i = 0; i < layout.params().size(); ++i) layout.params()[i].set_data(layout.view(weights_, i));
+  shard_ = slice(weights_, 0, begin, end);
   shard_.set_requires_grad(true);
   optimizer_ = make_optimizer({shard_});
 }
 
 void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times) {
+  const StepClock::time_point start = StepClock::now();
+  Tensor grad_shard = Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
+  comm_.reduce_scatter(gradients, grad_shard);
+  times.communicate += seconds_since(start);
+  update(std::move(grad_shard), times);
+}
+
+void ShardedOptimizer::step_reduced(const Tensor& sums, DeviceTimes& times) {
+  update(slice(sums, 0, shard_begin(), shard_begin() + shard_size()), times);
+}
+
+void ShardedOptimizer::update(Tensor grad_shard, DeviceTimes& times) {
   StepClock::time_point start = StepClock::now();
-  {
-    // The gradient shard is freed before the weights are gathered.
-    const Tensor grad_shard = Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
-    comm_.reduce_scatter(gradients, grad_shard);
-    times.communicate += seconds_since(start);
-    start = StepClock::now();
-    shard_.set_grad(grad_shard);
-    optimizer_->step();
-    optimizer_->zero_grad();
-    times.optimizer += seconds_since(start);
-  }
+  shard_.set_grad(grad_shard);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  grad_shard = Tensor();
+  times.optimizer += seconds_since(start);
   start = StepClock::now();
-  comm_.all_gather(shard_, weights_);  // in place: the shard is its own slice of weights_
+  if (common_) {
+    comm_.barrier();  // no rank computes with the weights before every shard is updated
+  } else {
+    comm_.all_gather(shard_, weights_);  // in place: the shard is its own slice of weights_
+  }
   times.communicate += seconds_since(start);
 }
 
