@@ -4,6 +4,7 @@
 
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/dispatch.h"
+#include "lockstep/optim/flush_denormals.h"
 
 #if LOCKSTEP_HAVE_CUDA
 #include "lockstep/core/cuda/runtime.h"
@@ -105,6 +106,7 @@ void AdamW::update(size_t index, const Tensor& param, const Tensor& grad) {
     T* m = exp_avg.data<T>();
     T* v = exp_avg_sq.data<T>();
     parallel_for(n, kUpdateGrain, [&](int64_t begin, int64_t end) {
+      const FlushDenormals flush;
       if (decay && lerp_small) {
         adamw_loop<T, true, true>(p, g, m, v, begin, end, s);
       } else if (decay) {

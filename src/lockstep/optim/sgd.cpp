@@ -2,6 +2,7 @@
 
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/dispatch.h"
+#include "lockstep/optim/flush_denormals.h"
 #include "lockstep/optim/with_flag.h"
 
 #if LOCKSTEP_HAVE_CUDA
@@ -90,6 +91,7 @@ void SGD::update(size_t index, const Tensor& param, const Tensor& grad) {
         with_flag(first, [&](auto kFirst) {
           with_flag(options_.nesterov, [&](auto kNesterov) {
             parallel_for(n, kUpdateGrain, [&](int64_t begin, int64_t end) {
+              const FlushDenormals flush;
               sgd_loop<T, kDecay.value, kMomentum.value, kFirst.value, kNesterov.value>(
                   p, g, b, begin, end, weight_decay, momentum, one_minus_dampening, neg_lr);
             });
