@@ -5,7 +5,8 @@
 // share of the step grew fivefold. The elementwise update loops therefore run with
 // flush-to-zero and denormals-are-zero set (on x86), for the calling thread, for the
 // guard's lifetime. Every device runs the same loops with the same flags, so the bits stay
-// independent of the layout; a moment that would have been subnormal is zero instead, and
+// independent of the layout. A moment that would have been subnormal is zero instead (or
+// keeps its last normal value, where the decay's small term is what gets flushed), and
 // the weights it would have moved (by lr·1e-38/eps at most) do not notice.
 #pragma once
 
