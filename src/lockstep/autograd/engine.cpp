@@ -89,8 +89,7 @@ class AccumulateGrad final : public Node {
   std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) override {
     const Tensor& g = grad_outputs[0];
     // The pass has reached the leaf: a destination is for one pass only.
-    const std::shared_ptr<TensorImpl> destination = std::move(leaf_->grad_destination);
-    leaf_->grad_destination = nullptr;
+    const std::shared_ptr<TensorImpl> destination = std::move(leaf_->grad_destination);  // leaves it null
     leaf_->grad_destination_given = false;
     if (leaf_->grad == nullptr && destination && g.impl_ptr() == destination) {
       leaf_->grad = destination;  // the op computed it in place

@@ -37,6 +37,9 @@ std::string segment_name(const std::string& base, int rank, uint64_t region) {
   return base + "-r" + std::to_string(rank) + "-" + std::to_string(region);
 }
 
+// A tensor's segment: whole 64-byte lines, at least one.
+size_t segment_bytes(size_t tensor_bytes) { return std::max<size_t>(64, (tensor_bytes + 63) / 64 * 64); }
+
 // Rank 0's random token keeps groups of one host apart; the port (when the job has one)
 // tells a person at `ls /dev/shm` which job a segment belongs to.
 std::string new_name_base() {
@@ -143,7 +146,7 @@ Tensor ShmCommunicator::empty_shared(const Shape& shape, DType dtype, Device dev
                                   << " is not possible (use the nccl backend for CUDA tensors)";
   const size_t bytes = static_cast<size_t>(numel(shape)) * dtype_size(dtype);
   const uint64_t id = next_region_++;
-  std::shared_ptr<ShmRegion> region = map_region(id, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  std::shared_ptr<ShmRegion> region = map_region(id, segment_bytes(bytes));
   void* mine = region->base(rank());
   std::weak_ptr<ShmRegionTable> table = regions_;
   auto storage = std::make_shared<Storage>(device, bytes, mine, [region, table, id](void*) mutable {
@@ -160,7 +163,7 @@ Tensor ShmCommunicator::empty_common(const Shape& shape, DType dtype, Device dev
   LOCKSTEP_CHECK(device.is_cpu()) << "the shm backend shares host memory; empty_common on " << device.str()
                                   << " is not possible";
   const size_t bytes = static_cast<size_t>(numel(shape)) * dtype_size(dtype);
-  const size_t mapped = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  const size_t mapped = segment_bytes(bytes);
   const uint64_t id = next_region_++;
   const std::string what = "empty_common #" + std::to_string(id);
   const std::string key = prefix_ + "/region" + std::to_string(id);

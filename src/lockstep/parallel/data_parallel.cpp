@@ -74,6 +74,17 @@ void share_weights(const std::vector<Tensor>& weights, const std::vector<Tensor>
   }
 }
 
+// An optimizer's entries that are not per-parameter state ("step").
+NamedTensors counters_of(const optim::Optimizer& optimizer) {
+  NamedTensors counters;
+  for (const auto& [key, tensor] : optimizer.state_dict()) {
+    size_t index = 0;
+    std::string slot;
+    if (!optim::parse_state_key(key, index, slot)) counters.emplace_back(key, tensor);
+  }
+  return counters;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
@@ -144,11 +155,7 @@ NamedTensors DataParallel::optimizer_state() {
   // "step", then per parameter its slots, as the unsharded optimizer orders them: a
   // per-element slot put together from the devices' shares, a count from device 0's.
   NamedTensors state;
-  for (const auto& [key, tensor] : optimizers_[0]->state_dict()) {
-    size_t index = 0;
-    std::string slot;
-    if (!optim::parse_state_key(key, index, slot)) state.emplace_back(key, tensor.clone());
-  }
+  for (const auto& [key, tensor] : counters_of(*optimizers_[0])) state.emplace_back(key, tensor.clone());
   const std::vector<optim::StateSlot>& slots = optimizers_[0]->slots();
   for (size_t i = 0; i < params_[0].size(); ++i) {
     const Tensor& param = params_[0][i];
@@ -192,13 +199,9 @@ void DataParallel::load_optimizer_state(const NamedTensors& state) {
   const std::unique_ptr<optim::Optimizer> whole = make_optimizer_(params_[0]);
   whole->load_state_dict(optimizer_state);
   const std::vector<optim::StateSlot>& slots = whole->slots();
+  const NamedTensors counters = counters_of(*whole);
   for (int d = 0; d < devices(); ++d) {
-    NamedTensors shares;
-    for (const auto& [key, tensor] : whole->state_dict()) {
-      size_t index = 0;
-      std::string slot;
-      if (!optim::parse_state_key(key, index, slot)) shares.emplace_back(key, tensor);
-    }
+    NamedTensors shares = counters;
     const std::vector<size_t>& owned = owned_[static_cast<size_t>(d)];
     for (size_t j = 0; j < owned.size(); ++j) {
       for (size_t s = 0; s < slots.size(); ++s) {
