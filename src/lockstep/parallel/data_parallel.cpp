@@ -37,8 +37,9 @@ std::vector<Tensor> take_grads(const std::vector<Tensor>& params) {
   return grads;
 }
 
-// Device d's share of a parameter of n elements: the slice the one-host all-reduce gives it,
-// on a 64-byte boundary so no two devices write one cache line. Device 0's is never empty.
+// Device d's share of a parameter of n elements: cut as the one-host all-reduce cuts its
+// slices (the bits do not depend on the cut, since the fold is per element), on a 64-byte
+// boundary so no two devices write one cache line. Device 0's is never empty.
 struct Share {
   int64_t begin = 0;
   int64_t size = 0;
