@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "lockstep/core/parallel.h"
+#include "lockstep/ops/cpu/sgemm.h"
 
 namespace lockstep {
 namespace {
@@ -88,6 +92,58 @@ TEST(Gemm, BlockedProductsMatchFloat64Loops) {
     }
   }
   set_num_threads(saved);
+}
+
+// Any rectangle of C computed on its own, at any offset and of any size (edges inside
+// register tiles included), has the bits of the same elements of the whole product: what
+// lets gemm cut a product by the team size.
+TEST(Sgemm, AnyPartOfCHasTheBitsOfTheWholeProduct) {
+  if (!cpu::sgemm_built()) GTEST_SKIP() << "this build has no own single-precision kernel";
+  std::mt19937 engine(7);
+  for (const Case& c : {Case{false, true, 70, 93, 600}, Case{true, false, 45, 130, 257}, Case{false, false, 33, 77, 5},
+                        Case{true, true, 29, 40, 1000}}) {
+    const int64_t lda = c.trans_a ? c.m : c.k, ldb = c.trans_b ? c.k : c.n;
+    const std::vector<float> a = random_values(static_cast<size_t>(c.m * c.k), 1);
+    const std::vector<float> b = random_values(static_cast<size_t>(c.k * c.n), 2);
+    const std::vector<float> c0 = random_values(static_cast<size_t>(c.m * c.n), 3);
+    for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, 1.0f}, std::pair{-2.0f, 0.5f}}) {
+      std::vector<float> whole = c0;
+      cpu::sgemm(c.trans_a, c.trans_b, c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, whole.data(), c.n);
+      for (int trial = 0; trial < 20; ++trial) {
+        const int64_t i0 = std::uniform_int_distribution<int64_t>(0, c.m - 1)(engine);
+        const int64_t j0 = std::uniform_int_distribution<int64_t>(0, c.n - 1)(engine);
+        const int64_t rows = std::uniform_int_distribution<int64_t>(1, c.m - i0)(engine);
+        const int64_t cols = std::uniform_int_distribution<int64_t>(1, c.n - j0)(engine);
+        std::vector<float> part = c0;
+        cpu::sgemm(c.trans_a, c.trans_b, rows, cols, c.k, alpha, a.data() + (c.trans_a ? i0 : i0 * lda), lda,
+                   b.data() + (c.trans_b ? j0 * ldb : j0), ldb, beta, part.data() + i0 * c.n + j0, c.n);
+        for (int64_t i = 0; i < c.m; ++i) {
+          for (int64_t j = 0; j < c.n; ++j) {
+            const bool inside = i >= i0 && i < i0 + rows && j >= j0 && j < j0 + cols;
+            const size_t at = static_cast<size_t>(i * c.n + j);
+            ASSERT_EQ(part[at], inside ? whole[at] : c0[at])
+                << c.m << "x" << c.n << "x" << c.k << " alpha " << alpha << " beta " << beta << ": rows [" << i0 << ", "
+                << i0 + rows << ") cols [" << j0 << ", " << j0 + cols << "), element (" << i << ", " << j << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// beta 0 overwrites C without reading it (a fresh tensor may hold NaNs); k 0 and alpha 0
+// leave beta · C, as BLAS defines them.
+TEST(Sgemm, BetaZeroIgnoresCAndEmptySumsScaleIt) {
+  if (!cpu::sgemm_built()) GTEST_SKIP() << "this build has no own single-precision kernel";
+  const std::vector<float> a = random_values(5 * 3, 1), b = random_values(3 * 40, 2);
+  std::vector<float> c(5 * 40, std::numeric_limits<float>::quiet_NaN());
+  cpu::sgemm(false, false, 5, 40, 3, 1.0f, a.data(), 3, b.data(), 40, 0.0f, c.data(), 40);
+  for (float v : c) ASSERT_FALSE(std::isnan(v));
+  std::vector<float> d(5 * 40, 2.0f);
+  cpu::sgemm(false, false, 5, 40, 0, 1.0f, a.data(), 3, b.data(), 40, 0.5f, d.data(), 40);
+  for (float v : d) ASSERT_EQ(v, 1.0f);
+  cpu::sgemm(false, false, 5, 40, 3, 0.0f, a.data(), 3, b.data(), 40, 0.0f, d.data(), 40);
+  for (float v : d) ASSERT_EQ(v, 0.0f);
 }
 
 }  // namespace

@@ -3,21 +3,31 @@
 // pools (OpenMP's and OpenBLAS's pthreads) on the same cores slow each other down many
 // times over; with one pool, GEMMs, im2col and elementwise kernels share the same threads.
 //
-// The cut into blocks depends on the shape alone, never on the team size: OpenBLAS may
-// compute the same output element with other bits in a call of another size (its kernels
-// for small matrices, its edge tiles), and a device's results must not change with the
-// number of threads it computes with (the step-is-a-tree guarantee of data parallelism).
-// Measured with OpenBLAS 0.3.21: one call against the same product cut at multiples of 16
-// rows or columns differed in some bits for 36 of 400 random shapes with its SkylakeX
-// kernels and 310 of 400 with its Haswell ones. So a single thread cannot take the one
-// call that would save repacking (about 12% at the MLP's shapes) without changing bits.
+// Single precision goes through Lockstep's own kernel where the build has one (sgemm.h) and
+// the shape suits it: its bits do not depend on how the product is cut, so it is cut into
+// one block per thread of the team, along the dimension whose cut repacks the smaller
+// operand.
+//
+// Everything else (double precision, and the shapes the kernel leaves) goes through
+// OpenBLAS, whose cut
+// must depend on the shape alone, never on the team size: OpenBLAS may compute the same
+// output element with other bits in a call of another size (its kernels for small
+// matrices, its edge tiles), and a device's results must not change with the number of
+// threads it computes with (the step-is-a-tree guarantee of data parallelism). Measured
+// with OpenBLAS 0.3.21: one call against the same product cut at multiples of 16 rows or
+// columns differed in some bits for 36 of 400 random shapes with its SkylakeX kernels and
+// 310 of 400 with its Haswell ones.
 #include "lockstep/ops/cpu/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <bit>
+#include <type_traits>
 
 #include "lockstep/core/parallel.h"
+#include "lockstep/ops/cpu/sgemm.h"
 
 namespace lockstep::cpu {
 namespace {
@@ -54,12 +64,52 @@ int64_t block_size(int64_t extent) {
   return (even + kAlign - 1) / kAlign * kAlign;
 }
 
+// Lockstep's kernel takes a product whose C is at least a register tile wide and whose sums
+// are at least kOwnMinDepth long; OpenBLAS the rest. Narrower C leaves most of each vector
+// idle, shorter sums spend their time packing and storing. One thread against OpenBLAS
+// 0.3.21 (Zen 4): the MLP's and conv2's products 1.00-1.10x as fast, conv1's 32x2704x9
+// 0.66x and 32x9x2704 0.26x, the MLP's 256x10x512 0.6x. The choice follows the whole
+// product's shape, before any cut, so each product always takes the same path.
+constexpr int64_t kOwnMinDepth = 32;
+
+bool own_kernel_takes(int64_t n, int64_t k) { return sgemm_built() && n >= kSgemmTileCols && k >= kOwnMinDepth; }
+
+// One block per thread of the team: rows of C when it has at least as many rows as
+// columns (each block packs all of B again), else columns (each packs all of A again).
+void own_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t team = m * n * k < kParallelMacs || omp_in_parallel() ? 1 : num_threads();
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const int64_t tile = by_rows ? kSgemmTileRows : kSgemmTileCols;
+  const int64_t block = ((extent + team - 1) / team + tile - 1) / tile * tile;
+  parallel_for(team, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t first = i * block, size = std::min(extent, first + block) - first;
+      if (size <= 0) continue;
+      if (by_rows) {
+        sgemm(trans_a, trans_b, size, n, k, alpha, a + (trans_a ? first : first * lda), lda, b, ldb, beta,
+              c + first * ldc, ldc);
+      } else {
+        sgemm(trans_a, trans_b, m, size, k, alpha, a, lda, b + (trans_b ? first * ldb : first), ldb, beta, c + first,
+              ldc);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (own_kernel_takes(n, k)) {
+      own_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+  }
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
   const int64_t block = block_size(extent);

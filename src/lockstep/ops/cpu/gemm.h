@@ -1,4 +1,6 @@
-// Row-major GEMM on the CPU through OpenBLAS: C = alpha · op(A) · op(B) + beta · C.
+// Row-major GEMM on the CPU, C = alpha · op(A) · op(B) + beta · C, across the calling
+// thread's team: through Lockstep's own single-precision kernel (sgemm.h) or OpenBLAS, with
+// bits that do not depend on the team size (gemm.cpp).
 #pragma once
 
 #include <cstdint>
