@@ -94,6 +94,31 @@ TEST(Gemm, BlockedProductsMatchFloat64Loops) {
   set_num_threads(saved);
 }
 
+// A bias added as the product is stored gives the bits of C holding it with beta 1, on
+// both paths (the kernel's, and OpenBLAS's for the 10-wide product) and any team size.
+TEST(Gemm, ABiasGivesTheBitsOfCHoldingItWithBetaOne) {
+  const int saved = num_threads();
+  for (const Case& c :
+       {Case{false, true, 256, 512, 784}, Case{false, true, 70, 10, 600}, Case{true, false, 45, 130, 7}}) {
+    const int64_t lda = c.trans_a ? c.m : c.k, ldb = c.trans_b ? c.k : c.n;
+    const std::vector<float> a = random_values(static_cast<size_t>(c.m * c.k), 1);
+    const std::vector<float> b = random_values(static_cast<size_t>(c.k * c.n), 2);
+    const std::vector<float> bias = random_values(static_cast<size_t>(c.n), 4);
+    std::vector<float> want(static_cast<size_t>(c.m * c.n));
+    for (int64_t i = 0; i < c.m; ++i) std::copy(bias.begin(), bias.end(), want.begin() + i * c.n);
+    set_num_threads(1);
+    cpu::gemm<float>(c.trans_a, c.trans_b, c.m, c.n, c.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(), c.n);
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+      cpu::gemm<float>(c.trans_a, c.trans_b, c.m, c.n, c.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, got.data(), c.n,
+                       bias.data());
+      EXPECT_EQ(got, want) << c.m << "x" << c.n << "x" << c.k << " on " << threads << " threads";
+    }
+  }
+  set_num_threads(saved);
+}
+
 // Any rectangle of C computed on its own, at any offset and of any size (edges inside
 // register tiles included), has the bits of the same elements of the whole product: what
 // lets gemm cut a product by the team size.

@@ -36,21 +36,28 @@ Tensor t2(const Tensor& m) {
   return m.as_strided({m.size(1), m.size(0)}, {m.strides()[1], m.strides()[0]}, m.offset());
 }
 
-// out[m, n] = beta · out + a[m, k] @ b[k, n]; out contiguous.
-void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, double beta) {
+// out[m, n] = beta · out + a[m, k] @ b[k, n]; out contiguous. With a bias [n] (beta 0), out =
+// a @ b + the bias in every row: the bits of out holding the bias with beta 1, which is how
+// GPUs compute it; the CPU kernel adds it as it stores its tiles.
+void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, double beta, const Tensor& bias = Tensor()) {
   const BlasMatrix A = as_blas(a), B = as_blas(b);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   ops::dispatch_float("matmul", a.dtype(), [&]<typename T>() {
 #if LOCKSTEP_HAVE_CUDA
     if (out.device().is_cuda()) {
+      if (bias.defined()) {
+        out.copy_from(bias.as_strided({m, n}, {0, bias.strides()[0]}, bias.offset()));
+        beta = 1.0;
+      }
       ops::cuda::gemm<T>(A.transposed, B.transposed, m, n, k, T(1), A.holder.data_ptr<T>(), A.ld,
                          B.holder.data_ptr<T>(), B.ld, static_cast<T>(beta), out.data_ptr<T>(), std::max<int64_t>(n, 1),
                          out.device());
       return;
     }
 #endif
+    const Tensor row = bias.defined() ? bias.contiguous() : Tensor();
     cpu::gemm<T>(A.transposed, B.transposed, m, n, k, T(1), A.holder.data<T>(), A.ld, B.holder.data<T>(), B.ld,
-                 static_cast<T>(beta), out.data<T>(), std::max<int64_t>(n, 1));
+                 static_cast<T>(beta), out.data<T>(), std::max<int64_t>(n, 1), row.defined() ? row.data<T>() : nullptr);
   });
 }
 
@@ -212,13 +219,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape.back() = out_features;
   Tensor out = Tensor::empty(out_shape, x.dtype(), device);
   const Tensor out2 = out.as_strided({rows, out_features}, {out_features, 1}, 0);
-  double beta = 0.0;
-  if (bias.defined()) {
-    // Start from the bias in every row, then accumulate the product onto it.
-    out2.copy_from(bias.detach().as_strided({rows, out_features}, {0, bias.strides()[0]}, bias.offset()));
-    beta = 1.0;
-  }
-  gemm_into(x2, t2(weight.detach()), out2, beta);
+  gemm_into(x2, t2(weight.detach()), out2, 0.0, bias.defined() ? bias.detach() : Tensor());
 
   autograd::record(
       "LinearBackward", {xc, weight, bias}, {out},

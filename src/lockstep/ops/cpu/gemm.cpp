@@ -46,6 +46,17 @@ void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+// A part of C through OpenBLAS: with a bias, C first holds it in every row and beta is 1.
+template <typename T>
+void blas_part(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+               int64_t ldb, T beta, T* c, int64_t ldc, const T* bias) {
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, c + i * ldc);
+    beta = T(1);
+  }
+  blas(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 // Below this many multiply-adds a product is one call.
 constexpr int64_t kParallelMacs = int64_t{1} << 18;
 // Blocks of rows (or columns) of C: a power-of-two count of them (so teams of 2, 4, ...
@@ -77,7 +88,7 @@ bool own_kernel_takes(int64_t n, int64_t k) { return sgemm_built() && n >= kSgem
 // One block per thread of the team: rows of C when it has at least as many rows as
 // columns (each block packs all of B again), else columns (each packs all of A again).
 void own_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   const int64_t team = m * n * k < kParallelMacs || omp_in_parallel() ? 1 : num_threads();
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
@@ -89,10 +100,10 @@ void own_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       if (size <= 0) continue;
       if (by_rows) {
         sgemm(trans_a, trans_b, size, n, k, alpha, a + (trans_a ? first : first * lda), lda, b, ldb, beta,
-              c + first * ldc, ldc);
+              c + first * ldc, ldc, bias);
       } else {
         sgemm(trans_a, trans_b, m, size, k, alpha, a, lda, b + (trans_b ? first * ldb : first), ldb, beta, c + first,
-              ldc);
+              ldc, bias != nullptr ? bias + first : nullptr);
       }
     }
   });
@@ -102,11 +113,11 @@ void own_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
+          int64_t ldb, T beta, T* c, int64_t ldc, const T* bias) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
     if (own_kernel_takes(n, k)) {
-      own_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      own_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
       return;
     }
   }
@@ -114,7 +125,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   const int64_t extent = by_rows ? m : n;
   const int64_t block = block_size(extent);
   if (m * n * k < kParallelMacs || extent <= block) {
-    blas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    blas_part(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
     return;
   }
   const int64_t blocks = (extent + block - 1) / block;
@@ -124,20 +135,20 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
       const int64_t first = i * block, size = std::min(extent, first + block) - first;
       if (by_rows) {
         // Rows of C: row i of op(A) is row i of A, or column i when A is transposed.
-        blas(trans_a, trans_b, size, n, k, alpha, a + (trans_a ? first : first * lda), lda, b, ldb, beta,
-             c + first * ldc, ldc);
+        blas_part(trans_a, trans_b, size, n, k, alpha, a + (trans_a ? first : first * lda), lda, b, ldb, beta,
+                  c + first * ldc, ldc, bias);
       } else {
         // Columns of C: column j of op(B) is column j of B, or row j when B is transposed.
-        blas(trans_a, trans_b, m, size, k, alpha, a, lda, b + (trans_b ? first * ldb : first), ldb, beta, c + first,
-             ldc);
+        blas_part(trans_a, trans_b, m, size, k, alpha, a, lda, b + (trans_b ? first * ldb : first), ldb, beta,
+                  c + first, ldc, bias != nullptr ? bias + first : nullptr);
       }
     }
   });
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
-                          float, float*, int64_t);
+                          float, float*, int64_t, const float*);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-                           int64_t, double, double*, int64_t);
+                           int64_t, double, double*, int64_t, const double*);
 
 }  // namespace lockstep::cpu

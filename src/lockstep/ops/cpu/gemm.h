@@ -7,8 +7,10 @@
 
 namespace lockstep::cpu {
 
+// With a bias (n values, beta 0): C = alpha · op(A) · op(B) + the bias in every row, with the
+// bits of C holding the bias and beta 1, without writing C twice where the kernel allows.
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc);
+          int64_t ldb, T beta, T* c, int64_t ldc, const T* bias = nullptr);
 
 }  // namespace lockstep::cpu

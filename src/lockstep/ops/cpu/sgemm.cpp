@@ -77,10 +77,18 @@ constexpr int64_t kNcMax = 16 * kNr;
 int first_lanes(int64_t cols) { return static_cast<int>(std::min<int64_t>(cols, kW)); }
 int second_lanes(int64_t cols) { return static_cast<int>(std::clamp<int64_t>(cols - kW, 0, kW)); }
 
-// C[0, rows) × [0, cols) = alpha · (ap · bp) + (first ? beta · C : C), where ap holds kc
-// steps of kMr values of A and bp kc steps of kNr values of B.
+// What a block of k adds its sums to: in the first block, beta · C or the bias row (when
+// there is one); in later blocks, C.
+struct Epilogue {
+  float alpha, beta;
+  const float* bias;  // the tile's first column of the bias row, or null
+  bool first;
+};
+
+// C[0, rows) × [0, cols) = alpha · (ap · bp) + what e says, where ap holds kc steps of kMr
+// values of A and bp kc steps of kNr values of B.
 void micro_kernel(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc, int64_t rows, int64_t cols,
-                  float alpha, float beta, bool first) {
+                  const Epilogue& e) {
   using V = Vec::V;
   V acc[kMr][2];
   for (int i = 0; i < kMr; ++i) acc[i][0] = acc[i][1] = Vec::zero();
@@ -94,15 +102,22 @@ void micro_kernel(int64_t kc, const float* ap, const float* bp, float* c, int64_
   }
   const bool full = cols == kNr;
   const int lanes[2] = {first_lanes(cols), second_lanes(cols)};
-  const bool read_c = !first || beta != 0.0f;
-  const V va = Vec::broadcast(alpha), vb = Vec::broadcast(beta);
+  const auto load = [&](const float* p, int v) {
+    return full ? Vec::load(p + v * kW) : Vec::load(p + v * kW, lanes[v]);
+  };
+  const bool add_bias = e.first && e.bias != nullptr;
+  const bool read_c = !add_bias && (!e.first || e.beta != 0.0f);
+  const V va = Vec::broadcast(e.alpha), vb = Vec::broadcast(e.beta);
+  V bias[2] = {Vec::zero(), Vec::zero()};
+  if (add_bias) bias[0] = load(e.bias, 0), bias[1] = load(e.bias, 1);
   for (int64_t i = 0; i < rows; ++i) {
     float* row = c + i * ldc;
     for (int v = 0; v < 2; ++v) {
-      V r = alpha == 1.0f ? acc[i][v] : Vec::mul(va, acc[i][v]);
+      V r = e.alpha == 1.0f ? acc[i][v] : Vec::mul(va, acc[i][v]);
+      if (add_bias) r = Vec::add(r, bias[v]);
       if (read_c) {
-        V old = full ? Vec::load(row + v * kW) : Vec::load(row + v * kW, lanes[v]);
-        if (first && beta != 1.0f) old = Vec::mul(vb, old);
+        V old = load(row, v);
+        if (e.first && e.beta != 1.0f) old = Vec::mul(vb, old);
         r = Vec::add(r, old);
       }
       if (full) {
@@ -223,20 +238,24 @@ struct Packs {
   std::unique_ptr<float[], Free> a{static_cast<float*>(::operator new[](kKcMax* kMr * sizeof(float), kAlign))};
 };
 
-// C = beta · C: the whole product when k is 0 or alpha is 0, as BLAS defines it.
-void scale(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+// C = beta · C, or the bias in every row: the whole product when k is 0 or alpha is 0, as
+// BLAS defines it.
+void without_product(int64_t m, int64_t n, float beta, float* c, int64_t ldc, const float* bias) {
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    for (int64_t j = 0; j < n; ++j) {
+      float& x = c[i * ldc + j];
+      x = bias != nullptr ? bias[j] : beta == 0.0f ? 0.0f : beta * x;
+    }
   }
 }
 
 }  // namespace
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f) {
-    scale(m, n, beta, c, ldc);
+    without_product(m, n, beta, c, ldc, bias);
     return;
   }
   thread_local Packs packs;
@@ -251,8 +270,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
         const int64_t rows = std::min<int64_t>(kMr, m - ir);
         pack_a(trans_a, trans_a ? a + pc * lda + ir : a + ir * lda + pc, lda, kc, rows, packs.a.get());
         for (int64_t jr = 0; jr < nc; jr += kNr) {
+          const Epilogue e{alpha, beta, bias != nullptr ? bias + jc + jr : nullptr, pc == 0};
           micro_kernel(kc, packs.a.get(), packs.b.get() + jr * kc, c + ir * ldc + jc + jr, ldc, rows,
-                       std::min<int64_t>(kNr, nc - jr), alpha, beta, pc == 0);
+                       std::min<int64_t>(kNr, nc - jr), e);
         }
       }
     }
@@ -268,7 +288,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 namespace lockstep::cpu {
 
 void sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*,
-           int64_t) {
+           int64_t, const float*) {
   LOCKSTEP_CHECK(false) << "cpu::sgemm: this build has no AVX-512 or AVX2+FMA kernel (see sgemm_built())";
 }
 

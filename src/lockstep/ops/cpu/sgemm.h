@@ -33,8 +33,10 @@ constexpr int64_t kSgemmTileRows = 6, kSgemmTileCols = 16;
 #endif
 
 // C = alpha · op(A) · op(B) + beta · C, row-major like cblas_sgemm, on the calling thread.
-// C is not read when beta is 0. Requires sgemm_built().
+// C is not read when beta is 0. With a bias (n values), C = alpha · op(A) · op(B) + the bias
+// in every row, beta is ignored and C is not read; the bits are those of C holding the bias
+// with beta 1. Requires sgemm_built().
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
 
 }  // namespace lockstep::cpu
