@@ -20,8 +20,10 @@ using testing::random_f64;
 const std::vector<PoolCase> kCases = {
     {{2, 3, 8, 8}, {2, 2}, {0, 0}, {0, 0}},  // the 2x2 fast path
     {{1, 2, 7, 5}, {2, 2}, {2, 2}, {0, 0}},  // odd sizes drop the last row and column
-    {{2, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1}}, {{1, 3, 6, 9}, {2, 3}, {1, 2}, {1, 1}},
+    {{2, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1}},
+    {{1, 3, 6, 9}, {2, 3}, {1, 2}, {1, 1}},
     {{1, 1, 5, 5}, {3, 1}, {1, 1}, {0, 0}},
+    {{1, 2, 5, 37}, {2, 2}, {0, 0}, {0, 0}},  // the fast path, 18 windows a row: two vectors
 };
 
 TEST(MaxPool2d, MatchesNaiveLoopsForwardAndBackward) {
@@ -81,6 +83,31 @@ TEST(MaxPool2d, TiesGoToTheFirstMaximumAndNaNWins) {
   const auto fast = max_pool2d(Tensor::from_vector<float>({1, 2, 5, 6, 3, 4, 7, nan}, {1, 1, 2, 4}), {2, 2});
   EXPECT_EQ(fast.to_vector<float>()[0], 4.0f);
   EXPECT_TRUE(std::isnan(fast.to_vector<float>()[1]));
+  // A row of 20 windows (two vectors' worth): window w < 4 holds a NaN in place w of its
+  // four (top-left, top-right, bottom-left, bottom-right) and a 9 last where the NaN is not;
+  // the other windows are ties of ones. The NaN wins wherever it is and takes the
+  // gradient; a tie goes to the top-left value.
+  constexpr int kWindows = 20, kWidth = 2 * kWindows;
+  std::vector<float> grid(2 * kWidth, 1.0f);
+  const auto place = [&](int w, int p) { return static_cast<size_t>((p / 2) * kWidth + 2 * w + p % 2); };
+  for (int w = 0; w < 4; ++w) {
+    if (w != 3) grid[place(w, 3)] = 9.0f;
+    grid[place(w, w)] = nan;
+  }
+  Tensor row = Tensor::from_vector<float>(grid, {1, 1, 2, kWidth});
+  row.set_requires_grad(true);
+  const Tensor pooled = max_pool2d(row, {2, 2});
+  pooled.backward(Tensor::ones({1, 1, 1, kWindows}));
+  const std::vector<float> got = pooled.to_vector<float>(), grad = row.grad().to_vector<float>();
+  for (int w = 0; w < kWindows; ++w) {
+    const size_t winner = place(w, w < 4 ? w : 0);
+    if (w < 4) {
+      EXPECT_TRUE(std::isnan(got[static_cast<size_t>(w)])) << "window " << w;
+    } else {
+      EXPECT_EQ(got[static_cast<size_t>(w)], 1.0f) << "window " << w;
+    }
+    EXPECT_EQ(grad[winner], 1.0f) << "window " << w;
+  }
 }
 
 TEST(Pool2d, GradientsMatchFiniteDifferences) {

@@ -1,5 +1,7 @@
 #include "lockstep/ops/cpu/pool.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 
 #include "lockstep/core/parallel.h"
@@ -15,28 +17,86 @@ bool beats(T candidate, T best) {
   return candidate > best || candidate != candidate;
 }
 
-// The common 2x2 window with stride 2 and no padding, without per-window bounds.
+// The common 2x2 window with stride 2 and no padding, without per-window bounds, and
+// without branches: which of four values wins is a coin toss on real activations, and
+// mispredicted branches made this loop 15% of a CNN step.
 template <typename T>
 void max_pool_2x2(const T* x, const Window2d& win, T* y, int32_t* argmax) {
   const int64_t W = win.in_w;
+  const auto below = static_cast<int32_t>(W);
   for (int64_t oh = 0; oh < win.out_h; ++oh) {
     const T* r0 = x + 2 * oh * W;
     const T* r1 = r0 + W;
     T* out = y + oh * win.out_w;
     int32_t* arg = argmax + oh * win.out_w;
-    const int32_t row_index = static_cast<int32_t>(2 * oh * W);
+    const auto row_index = static_cast<int32_t>(2 * oh * W);
     for (int64_t ow = 0; ow < win.out_w; ++ow) {
       const int64_t w0 = 2 * ow;
-      T best = r0[w0];
-      int32_t index = static_cast<int32_t>(w0);
-      if (beats(r0[w0 + 1], best)) best = r0[w0 + 1], index = static_cast<int32_t>(w0 + 1);
-      if (beats(r1[w0], best)) best = r1[w0], index = static_cast<int32_t>(w0 + W);
-      if (beats(r1[w0 + 1], best)) best = r1[w0 + 1], index = static_cast<int32_t>(w0 + W + 1);
+      const T v[4] = {r0[w0], r0[w0 + 1], r1[w0], r1[w0 + 1]};
+      const int32_t at[4] = {0, 1, below, below + 1};
+      T best = v[0];
+      int32_t index = 0;
+      for (int i = 1; i < 4; ++i) {
+        const bool wins = (v[i] > best) | (v[i] != v[i]);
+        best = wins ? v[i] : best;
+        index = wins ? at[i] : index;
+      }
       out[ow] = best;
-      arg[ow] = row_index + index;
+      arg[ow] = row_index + static_cast<int32_t>(w0) + index;
     }
   }
 }
+
+#if defined(__AVX512F__)
+// The same for float, sixteen windows of a row at a time (the CNN's rows are 13 and 5
+// windows long, too short for the compiler's vector loop to start).
+template <>
+void max_pool_2x2<float>(const float* x, const Window2d& win, float* y, int32_t* argmax) {
+  const int64_t W = win.in_w;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i below = _mm512_set1_epi32(static_cast<int32_t>(W));
+  const __m512i below_right = _mm512_set1_epi32(static_cast<int32_t>(W + 1));
+  const __m512i one = _mm512_set1_epi32(1);
+  const auto lanes = [](int64_t count) {
+    return static_cast<__mmask16>((1u << static_cast<unsigned>(std::clamp<int64_t>(count, 0, 16))) - 1u);
+  };
+  // The left and right values of `n` windows starting at p.
+  const auto split = [&](const float* p, int64_t n, __m512& left, __m512& right) {
+    const __m512 lo = _mm512_maskz_loadu_ps(lanes(2 * n), p);
+    const __m512 hi = _mm512_maskz_loadu_ps(lanes(2 * n - 16), p + 16);
+    left = _mm512_permutex2var_ps(lo, even, hi);
+    right = _mm512_permutex2var_ps(lo, odd, hi);
+  };
+  // PyTorch's rule, as beats(): a larger value, or a NaN, takes the window.
+  const auto take = [](__m512 candidate, __m512i at, __m512& best, __m512i& index) {
+    const __mmask16 wins =
+        _mm512_cmp_ps_mask(candidate, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(candidate, candidate, _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, wins, candidate);
+    index = _mm512_mask_mov_epi32(index, wins, at);
+  };
+  for (int64_t oh = 0; oh < win.out_h; ++oh) {
+    const float* r0 = x + 2 * oh * W;
+    const float* r1 = r0 + W;
+    for (int64_t ow = 0; ow < win.out_w; ow += 16) {
+      const int64_t n = std::min<int64_t>(16, win.out_w - ow);
+      __m512 v0, v1, v2, v3;
+      split(r0 + 2 * ow, n, v0, v1);
+      split(r1 + 2 * ow, n, v2, v3);
+      __m512 best = v0;
+      __m512i index = _mm512_setzero_si512();
+      take(v1, one, best, index);
+      take(v2, below, best, index);
+      take(v3, below_right, best, index);
+      // Window j's top-left input is 2·oh·W + 2·(ow + j).
+      index =
+          _mm512_add_epi32(index, _mm512_add_epi32(even, _mm512_set1_epi32(static_cast<int32_t>(2 * oh * W + 2 * ow))));
+      _mm512_mask_storeu_ps(y + oh * win.out_w + ow, lanes(n), best);
+      _mm512_mask_storeu_epi32(argmax + oh * win.out_w + ow, lanes(n), index);
+    }
+  }
+}
+#endif
 
 template <typename T>
 void max_pool_any(const T* x, const Window2d& win, T* y, int32_t* argmax) {
