@@ -58,10 +58,11 @@ Tensor gather_rows(const Tensor& source, const std::vector<int64_t>& rows) {
   if (row_bytes == 0) return out;
   const char* src = static_cast<const char*>(source.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
-  // Rows lie scattered over a dataset far larger than the caches, so the copy waits on
-  // memory: a second thread nearly halves it (a batch of 256 Fashion-MNIST images is 800
-  // KiB, 0.19 ms on one thread, 0.11 ms on two). Threads join for 64 KiB each or more.
-  const auto grain = static_cast<int64_t>(std::max<size_t>(1, (size_t{1} << 16) / row_bytes));
+  // Threads join only for megabytes each. A batch of 256 Fashion-MNIST images (800 KiB)
+  // takes about 0.2 ms on one thread, and a second would nearly halve that on idle cores;
+  // but under dp the calling thread is device 0's, and the team's pool thread, left
+  // spinning beside the devices' threads, halved the MLP's two-device throughput.
+  const auto grain = static_cast<int64_t>(std::max<size_t>(1, (size_t{1} << 20) / row_bytes));
   parallel_for(static_cast<int64_t>(rows.size()), grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
       std::memcpy(dst + static_cast<size_t>(i) * row_bytes,
