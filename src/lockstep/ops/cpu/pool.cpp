@@ -1,10 +1,12 @@
 #include "lockstep/ops/cpu/pool.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 
 #include "lockstep/core/parallel.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace lockstep::cpu {
 namespace {
