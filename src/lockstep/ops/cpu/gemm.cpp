@@ -9,14 +9,13 @@
 // operand.
 //
 // Everything else (double precision, and the shapes the kernel leaves) goes through
-// OpenBLAS, whose cut
-// must depend on the shape alone, never on the team size: OpenBLAS may compute the same
-// output element with other bits in a call of another size (its kernels for small
-// matrices, its edge tiles), and a device's results must not change with the number of
-// threads it computes with (the step-is-a-tree guarantee of data parallelism). Measured
-// with OpenBLAS 0.3.21: one call against the same product cut at multiples of 16 rows or
-// columns differed in some bits for 36 of 400 random shapes with its SkylakeX kernels and
-// 310 of 400 with its Haswell ones.
+// OpenBLAS, whose cut must depend on the shape alone, never on the team size: OpenBLAS may
+// compute the same output element with other bits in a call of another size (its kernels
+// for small matrices, its edge tiles), and a device's results must not change with the
+// number of threads it computes with (the step-is-a-tree guarantee of data parallelism).
+// Measured with OpenBLAS 0.3.21: one call against the same product cut at multiples of 16
+// rows or columns differed in some bits for 36 of 400 random shapes with its SkylakeX
+// kernels and 310 of 400 with its Haswell ones.
 #include "lockstep/ops/cpu/gemm.h"
 
 #include <cblas.h>
