@@ -1,6 +1,7 @@
 #include "lockstep/core/allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -78,7 +79,15 @@ CpuPool& cpu_pool(int index) {
 void* device_alloc(Device device, size_t bytes) {
   if (device.is_cuda()) return bytes == 0 ? nullptr : cuda::allocate(device, bytes);
   if (bytes == 0) return nullptr;
-  return cpu_pool(device.index()).allocate(bytes);
+  void* ptr = cpu_pool(device.index()).allocate(bytes);
+#ifndef NDEBUG
+  // Debug builds (the sanitizer presets) hand out every block filled with 0xFF bytes: NaN
+  // as a float or a double, -1 as an integer. A reused block would otherwise still hold its
+  // last user's values, often the very values a kernel that leaves part of its output
+  // unwritten should have written, and its tests would pass.
+  std::memset(ptr, 0xFF, bytes);
+#endif
+  return ptr;
 }
 
 void device_free(Device device, void* ptr, size_t bytes) {
