@@ -84,25 +84,24 @@ constexpr int64_t kOwnMinDepth = 32;
 
 bool own_kernel_takes(int64_t n, int64_t k) { return sgemm_built() && n >= kSgemmTileCols && k >= kOwnMinDepth; }
 
-// One block per thread of the team: rows of C when it has at least as many rows as
-// columns (each block packs all of B again), else columns (each packs all of A again).
-void own_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
-  const int64_t team = m * n * k < kParallelMacs || omp_in_parallel() ? 1 : num_threads();
-  const bool by_rows = m >= n;
+// Runs `product` (a GEMM with gemm's arguments) over blocks of `block` rows of C (by_rows)
+// or columns, across the team: each block on the slices of A or B, C and the bias it
+// covers. Row i of op(A) is row i of A, or column i when A is transposed; column j of
+// op(B) is column j of B, or row j when B is transposed. Inside a team already (a conv
+// chunk per thread), parallel_for runs the blocks inline.
+template <typename T, typename Product>
+void over_blocks(bool by_rows, int64_t block, const Product& product, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                 T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* bias) {
   const int64_t extent = by_rows ? m : n;
-  const int64_t tile = by_rows ? kSgemmTileRows : kSgemmTileCols;
-  const int64_t block = ((extent + team - 1) / team + tile - 1) / tile * tile;
-  parallel_for(team, 1, [&](int64_t begin, int64_t end) {
+  parallel_for((extent + block - 1) / block, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t first = i * block, size = std::min(extent, first + block) - first;
-      if (size <= 0) continue;
       if (by_rows) {
-        sgemm(trans_a, trans_b, size, n, k, alpha, a + (trans_a ? first : first * lda), lda, b, ldb, beta,
-              c + first * ldc, ldc, bias);
+        product(ta, tb, size, n, k, alpha, a + (ta ? first : first * lda), lda, b, ldb, beta, c + first * ldc, ldc,
+                bias);
       } else {
-        sgemm(trans_a, trans_b, m, size, k, alpha, a, lda, b + (trans_b ? first * ldb : first), ldb, beta, c + first,
-              ldc, bias != nullptr ? bias + first : nullptr);
+        product(ta, tb, m, size, k, alpha, a, lda, b + (tb ? first * ldb : first), ldb, beta, c + first, ldc,
+                bias != nullptr ? bias + first : nullptr);
       }
     }
   });
@@ -114,35 +113,22 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc, const T* bias) {
   if (m == 0 || n == 0) return;
+  // Rows of C when it has at least as many rows as columns (each block packs all of B
+  // again), else columns (each packs all of A again).
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const bool small = m * n * k < kParallelMacs;
   if constexpr (std::is_same_v<T, float>) {
-    if (own_kernel_takes(n, k)) {
-      own_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+    if (own_kernel_takes(n, k)) {  // One block per thread of the team.
+      const int64_t team = small || omp_in_parallel() ? 1 : num_threads();
+      const int64_t tile = by_rows ? kSgemmTileRows : kSgemmTileCols;
+      const int64_t block = ((extent + team - 1) / team + tile - 1) / tile * tile;
+      over_blocks(by_rows, block, sgemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
       return;
     }
   }
-  const bool by_rows = m >= n;
-  const int64_t extent = by_rows ? m : n;
-  const int64_t block = block_size(extent);
-  if (m * n * k < kParallelMacs || extent <= block) {
-    blas_part(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
-    return;
-  }
-  const int64_t blocks = (extent + block - 1) / block;
-  // Inside a team already (a conv chunk per thread), parallel_for runs the blocks inline.
-  parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t first = i * block, size = std::min(extent, first + block) - first;
-      if (by_rows) {
-        // Rows of C: row i of op(A) is row i of A, or column i when A is transposed.
-        blas_part(trans_a, trans_b, size, n, k, alpha, a + (trans_a ? first : first * lda), lda, b, ldb, beta,
-                  c + first * ldc, ldc, bias);
-      } else {
-        // Columns of C: column j of op(B) is column j of B, or row j when B is transposed.
-        blas_part(trans_a, trans_b, m, size, k, alpha, a, lda, b + (trans_b ? first * ldb : first), ldb, beta,
-                  c + first, ldc, bias != nullptr ? bias + first : nullptr);
-      }
-    }
-  });
+  over_blocks(by_rows, small ? extent : block_size(extent), blas_part<T>, trans_a, trans_b, m, n, k, alpha, a, lda, b,
+              ldb, beta, c, ldc, bias);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
