@@ -13,10 +13,11 @@ namespace {
 
 int64_t plane_grain(const Window2d& win) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, win.in_plane())); }
 
-// PyTorch's rule: a larger value, or a NaN, takes the window.
+// PyTorch's rule: a larger value, or a NaN, takes the window. Both compares are always
+// made (| rather than ||), so callers can select on the result without a branch.
 template <typename T>
 bool beats(T candidate, T best) {
-  return candidate > best || candidate != candidate;
+  return (candidate > best) | (candidate != candidate);
 }
 
 // The common 2x2 window with stride 2 and no padding, without per-window bounds, and
@@ -39,7 +40,7 @@ void max_pool_2x2(const T* x, const Window2d& win, T* y, int32_t* argmax) {
       T best = v[0];
       int32_t index = 0;
       for (int i = 1; i < 4; ++i) {
-        const bool wins = (v[i] > best) | (v[i] != v[i]);
+        const bool wins = beats(v[i], best);
         best = wins ? v[i] : best;
         index = wins ? at[i] : index;
       }

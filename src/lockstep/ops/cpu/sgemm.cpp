@@ -22,6 +22,12 @@
 namespace lockstep::cpu {
 namespace {
 
+// A mask of the first `count` of eight 32-bit lanes (count in 0..8), for AVX's masked
+// loads and stores.
+__m256i first_of_eight(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 #if defined(__AVX512F__)
 struct Vec {
   using V = __m512;
@@ -49,16 +55,11 @@ struct Vec {
   static V broadcast(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V load(const float* p, int count) { return _mm256_maskload_ps(p, mask(count)); }
-  static void store(float* p, V v, int count) { _mm256_maskstore_ps(p, mask(count), v); }
+  static V load(const float* p, int count) { return _mm256_maskload_ps(p, first_of_eight(count)); }
+  static void store(float* p, V v, int count) { _mm256_maskstore_ps(p, first_of_eight(count), v); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
-
- private:
-  static __m256i mask(int count) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  }
 };
 #endif
 
@@ -195,8 +196,7 @@ void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t kc, int64_t nc, f
 void pack_a(bool trans_a, const float* a, int64_t lda, int64_t kc, int64_t rows, float* out) {
   if (trans_a) {  // op(A)[i][p] = a[p·lda + i]: each step is a run of A's row p.
     if constexpr (kMr == 8) {
-      const __m256i mask =
-          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rows)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256i mask = first_of_eight(rows);
       for (int64_t p = 0; p < kc; ++p) _mm256_storeu_ps(out + p * kMr, _mm256_maskload_ps(a + p * lda, mask));
       return;
     }
