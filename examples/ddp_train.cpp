@@ -34,25 +34,25 @@ int main(int argc, char** argv) {
 
     // Any module; rank 0's initial weights are broadcast to the others.
     std::shared_ptr<nn::Module> model = nn::make_model("cnn", kSeed);
-    parallel::DistributedDataParallel ddp(model,
-                                          [](std::vector<Tensor> params) {
-                                            return std::make_unique<optim::SGD>(
-                                                std::move(params), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
-                                          },
-                                          comm, {.micro_batch = kMicroBatch, .zero1 = false});
+    parallel::DistributedDataParallel ddp(
+        model,
+        [](std::vector<Tensor> params) {
+          return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+        },
+        comm,
+        // The loss: one cross-entropy per sample of the batch's fields.
+        {.loss = parallel::classification_loss("image", "label"), .micro_batch = kMicroBatch, .zero1 = false});
 
     // Every rank reads the same global batches (one order per seed and epoch) and trains on
     // its contiguous share of each.
     DataLoader loader(load_fashion_mnist(data_dir, Split::train),
                       {.batch_size = kGlobalBatch, .shuffle = true, .seed = kSeed, .drop_last = true});
-    const int64_t share = kGlobalBatch / comm->size();
-    const int64_t first = comm->rank() * share;
     for (int64_t step = 0; step < steps;) {
       const std::optional<Batch> batch = loader.next();
       if (!batch) continue;  // next epoch
       const parallel::StepResult result =
-          ddp.step(slice(batch->images, 0, first, first + share), slice(batch->labels, 0, first, first + share),
-                   batch->first_position + first, static_cast<uint64_t>(step), kSeed);
+          ddp.step({{"image", batch->images}, {"label", batch->labels}},
+                   {.seed = kSeed, .step = static_cast<uint64_t>(step), .first_sample = batch->first_position});
       ++step;
       if (comm->rank() == 0 && (step % 50 == 0 || step == steps))
         std::printf("step %lld  loss %.6f\n", static_cast<long long>(step), result.loss);

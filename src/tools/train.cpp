@@ -18,7 +18,7 @@
 #include "lockstep/data/fashion_mnist.h"
 #include "lockstep/data/text_dataset.h"
 #include "lockstep/io/safetensors.h"
-#include "lockstep/io/sha256.h"
+#include "lockstep/io/weights_sha256.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/obs/json_lines.h"
 #include "lockstep/obs/progress.h"
@@ -85,14 +85,6 @@ std::string sample_text(nn::Module& model, const TrainOptions& options) {
   // U+FFFD, so the sample prints cleanly and fits in summary.json.
   const std::string quoted = nlohmann::json(bytes).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return nlohmann::json::parse(quoted).get<std::string>();
-}
-
-// SHA-256 over the parameters in state_dict order, raw little-endian bytes: equal hashes
-// mean bit-identical weights.
-std::string weights_sha256(const nn::Module& model) {
-  Sha256 hash;
-  for (const auto& [name, tensor] : model.state_dict()) hash.update(tensor);
-  return hash.hex_digest();
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options, std::vector<Tensor> params) {
@@ -254,7 +246,7 @@ int train_main(const std::vector<std::string>& args) {
   const std::optional<TensorFile> init =
       options.init_file.empty() ? std::nullopt : std::optional<TensorFile>(load_safetensors(options.init_file));
   const std::unique_ptr<TrainStrategy> strategy = make_train_strategy(
-      options,
+      options, task.loss,
       [&] {
         std::shared_ptr<nn::Module> replica = task.make_model();
         if (init) {

@@ -40,6 +40,8 @@ std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const D
   return out;
 }
 
+TensorBatch train_batch(const Batch& batch) { return {{"input", batch.images}, {"target", batch.labels}}; }
+
 namespace {
 
 void check_layout(const TrainOptions& options) {
@@ -50,11 +52,12 @@ void check_layout(const TrainOptions& options) {
 
 class DataParallelStrategy final : public TrainStrategy {
  public:
-  DataParallelStrategy(const TrainOptions& options, int threads, const ReplicaFactory& make_replica,
-                       const OptimizerFactory& make_optimizer)
+  DataParallelStrategy(const TrainOptions& options, int threads, const parallel::LossFunction& loss,
+                       const ReplicaFactory& make_replica, const OptimizerFactory& make_optimizer)
       : threads_(threads),
         dp_(
-            {.devices = static_cast<int>(options.devices),
+            {.loss = loss,
+             .devices = static_cast<int>(options.devices),
              .device_type = options.device_type,
              .micro_batch = options.micro_batch,
              .threads_per_device = std::max(1, threads / static_cast<int>(options.devices)),
@@ -62,7 +65,7 @@ class DataParallelStrategy final : public TrainStrategy {
             [&](int) { return make_replica(); }, make_optimizer) {}
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
-    return dp_.step(batch.images, batch.labels, batch.first_position, step, seed);
+    return dp_.step(train_batch(batch), {.seed = seed, .step = step, .first_sample = batch.first_position});
   }
   nn::Module& model() override { return dp_.replica(0); }
   void set_lr(double lr) override { dp_.set_lr(lr); }
@@ -101,11 +104,12 @@ class DistributedStrategy final : public TrainStrategy {
  public:
   // Each process trains on `device`: a CPU device, or the GPU of its local rank.
   DistributedStrategy(const TrainOptions& options, std::shared_ptr<comm::Communicator> comm, int threads, Device device,
-                      const ReplicaFactory& make_replica, const OptimizerFactory& make_optimizer)
+                      const parallel::LossFunction& loss, const ReplicaFactory& make_replica,
+                      const OptimizerFactory& make_optimizer)
       : threads_(threads),
         device_(device),
         ddp_(make_ddp(
-            options, std::move(comm),
+            options, std::move(comm), loss,
             [&] {
               std::shared_ptr<nn::Module> replica = make_replica();
               replica->to(device);
@@ -115,19 +119,15 @@ class DistributedStrategy final : public TrainStrategy {
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
     // Every rank loads the global batch in the same order and trains on its share.
-    const comm::Communicator& comm = ddp_->communicator();
-    const int64_t share = batch.size() / comm.size();
-    const int64_t first = comm.rank() * share;
-    return ddp_->step(slice(batch.images, 0, first, first + share), slice(batch.labels, 0, first, first + share),
-                      batch.first_position + first, step, seed);
+    return ddp_->step(train_batch(batch), {.seed = seed, .step = step, .first_sample = batch.first_position});
   }
-  nn::Module& model() override { return ddp_->module(); }
+  nn::Module& model() override { return ddp_->model(); }
   void set_lr(double lr) override { ddp_->set_lr(lr); }
   double lr() const override { return ddp_->lr(); }
   NamedTensors optimizer_state() override { return ddp_->optimizer_state(); }
   int64_t optimizer_state_bytes() const override { return ddp_->optimizer_state_bytes(); }
   RunPosition restore(const Checkpoint& checkpoint, const std::string& path) override {
-    return restore_train_checkpoint(checkpoint, path, ddp_->module(),
+    return restore_train_checkpoint(checkpoint, path, ddp_->model(),
                                     [&](const NamedTensors& state) { ddp_->load_optimizer_state(state); });
   }
   std::vector<std::string> local_devices() const override {
@@ -150,12 +150,14 @@ class DistributedStrategy final : public TrainStrategy {
  private:
   static std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const TrainOptions& options,
                                                                      std::shared_ptr<comm::Communicator> comm,
+                                                                     const parallel::LossFunction& loss,
                                                                      const ReplicaFactory& make_replica,
                                                                      const OptimizerFactory& make_optimizer) {
     const auto bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
     return std::make_unique<parallel::DistributedDataParallel>(
         make_replica(), make_optimizer, std::move(comm),
         parallel::DistributedDataParallelOptions{
+            .loss = loss,
             .micro_batch = options.micro_batch,
             .bucket_bytes = std::max<int64_t>(1, bucket_bytes),
             .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20)),
@@ -170,7 +172,8 @@ class DistributedStrategy final : public TrainStrategy {
 
 }  // namespace
 
-std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const ReplicaFactory& make_replica,
+std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const parallel::LossFunction& loss,
+                                                   const ReplicaFactory& make_replica,
                                                    const OptimizerFactory& make_optimizer) {
   if (options.strategy == "dp") {
     if (options.devices == 0) {
@@ -185,7 +188,7 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
     }
     check_layout(options);
     const int threads = threads_for_process(options, 1);
-    return std::make_unique<DataParallelStrategy>(options, threads, make_replica, make_optimizer);
+    return std::make_unique<DataParallelStrategy>(options, threads, loss, make_replica, make_optimizer);
   }
   if (options.strategy == "ddp" || options.strategy == "zero1") {
     const comm::LaunchInfo launch = comm::launch_info_from_env();
@@ -216,7 +219,7 @@ std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const 
       }
     }
     std::shared_ptr<comm::Communicator> comm = comm::init_process_group(options.backend);
-    return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, device, make_replica,
+    return std::make_unique<DistributedStrategy>(options, std::move(comm), threads, device, loss, make_replica,
                                                  make_optimizer);
   }
   if (options.strategy == "mesh") return make_mesh_strategy(options, make_replica, make_optimizer);

@@ -16,6 +16,7 @@
 #include "lockstep/io/checkpoint.h"
 #include "lockstep/nn/module.h"
 #include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/loss_function.h"
 #include "lockstep/parallel/step.h"
 #include "tools/device_report.h"
 #include "tools/train_checkpoint.h"
@@ -82,8 +83,14 @@ std::unique_ptr<TrainStrategy> make_mesh_strategy(TrainOptions& options, const R
 
 // Joins the job under ddp (init_process_group(options.backend)); settles options.devices
 // (default: one per core under dp, lowered to what can share the step; the world size
-// under ddp) and checks it against the step's layout.
-std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const ReplicaFactory& make_replica,
+// under ddp) and checks it against the step's layout. dp and ddp train with `loss` on the
+// loader's batches as train_batch() names them; the mesh trains its GPT's own loss.
+std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const parallel::LossFunction& loss,
+                                                   const ReplicaFactory& make_replica,
                                                    const OptimizerFactory& make_optimizer);
+
+// A loader's batch as the layouts take it: "input" (the dataset's images, or a text's
+// windows) and "target" (its labels, or the next bytes).
+TensorBatch train_batch(const Batch& batch);
 
 }  // namespace lockstep::tools

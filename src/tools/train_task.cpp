@@ -54,6 +54,7 @@ TrainTask make_train_task(const TrainOptions& options) {
     task.train = text_windows(text.train, task.gpt.context);
     task.test = text_windows(text.validation, task.gpt.context);
     task.test_name = "validation";
+    task.loss = parallel::next_token_loss("input", "target");
     const nn::GptConfig config = task.gpt;
     const uint64_t seed = options.seed;
     const bool checkpoint = options.checkpoint_activations;
@@ -76,6 +77,7 @@ TrainTask make_train_task(const TrainOptions& options) {
   const std::string name = options.model;
   const uint64_t seed = options.seed;
   task.make_model = [name, seed] { return nn::make_model(name, seed); };
+  task.loss = parallel::classification_loss("input", "target");
   return task;
 }
 

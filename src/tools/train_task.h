@@ -11,6 +11,7 @@
 #include "lockstep/data/dataset.h"
 #include "lockstep/nn/gpt.h"
 #include "lockstep/nn/module.h"
+#include "lockstep/parallel/loss_function.h"
 #include "tools/train_options.h"
 
 namespace lockstep::tools {
@@ -22,6 +23,8 @@ struct TrainTask {
   bool language_model = false;
   nn::GptConfig gpt;                                        // with language_model
   std::function<std::shared_ptr<nn::Module>()> make_model;  // initialized from options.seed
+  // Of a batch whose fields are "input" and "target" (the dataset's rows, train_batch()).
+  parallel::LossFunction loss;
 };
 
 // Loads the data and settles the model's shape (--preset, then --layers/--heads/--width/

@@ -22,6 +22,7 @@ const Device kCuda1(DeviceType::cuda, 1);
 Weights train(DeviceType type, int devices, const std::string& model, std::vector<double>* losses,
               DType precision = DType::f32) {
   DataParallelOptions options;
+  options.loss = classification();
   options.devices = devices;
   options.device_type = type;
   options.micro_batch = 4;
@@ -33,7 +34,7 @@ Weights train(DeviceType type, int devices, const std::string& model, std::vecto
       });
   for (int s = 0; s < 3; ++s) {
     const Data data = synthetic(32, static_cast<uint64_t>(s));
-    losses->push_back(dp.step(data.images, data.labels, s * 32, static_cast<uint64_t>(s), kSeed).loss);
+    losses->push_back(train_step(dp, data, s * 32, static_cast<uint64_t>(s)).loss);
   }
   EXPECT_EQ(dp.replica(0).parameters().front().device(), Device(type, 0));
   const Weights first = weights(dp.replica(0));
@@ -101,6 +102,7 @@ std::string construction_error(const DataParallelOptions& options) {
 
 TEST(CudaDataParallel, MixedPrecisionOnCpuDevicesIsAClearError) {
   DataParallelOptions options;
+  options.loss = classification();
   options.precision = DType::bf16;
   const std::string error = construction_error(options);
   EXPECT_NE(error.find("runs on GPU devices"), std::string::npos) << "'" << error << "'";

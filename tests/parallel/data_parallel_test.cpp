@@ -26,7 +26,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, std::v
 void run_steps(DataParallel& dp, int64_t batch, int first_step, int steps, std::vector<double>* losses = nullptr) {
   for (int s = first_step; s < first_step + steps; ++s) {
     const Data data = synthetic(batch, static_cast<uint64_t>(s));
-    const StepResult result = dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
+    const StepResult result = train_step(dp, data, s * batch, static_cast<uint64_t>(s));
     if (losses) losses->push_back(result.loss);
   }
 }
@@ -36,12 +36,12 @@ std::vector<std::vector<float>> train(const std::string& model_name, int devices
                                       int steps, std::vector<double>* losses = nullptr, int threads_per_device = 1,
                                       const std::string& optimizer = "sgd") {
   DataParallel dp(
-      {.devices = devices, .micro_batch = micro, .threads_per_device = threads_per_device},
+      {.loss = classification(), .devices = devices, .micro_batch = micro, .threads_per_device = threads_per_device},
       [&](int) { return nn::make_model(model_name, kSeed); },
       [&](std::vector<Tensor> params) { return make_optimizer(optimizer, std::move(params)); });
   for (int s = 0; s < steps; ++s) {
     const Data data = synthetic(batch, static_cast<uint64_t>(s));
-    const StepResult result = dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
+    const StepResult result = train_step(dp, data, s * batch, static_cast<uint64_t>(s));
     if (losses) losses->push_back(result.loss);
   }
   const auto first = weights(dp.replica(0));
@@ -83,7 +83,7 @@ TEST(DataParallel, ElementwiseOptimizersGiveTheSameBitsFromShares) {
 // are views of its bytes, on their own devices.
 TEST(DataParallel, CpuReplicasShareOneCopyOfTheWeights) {
   DataParallel dp(
-      {.devices = 3, .micro_batch = 4}, [](int) { return nn::make_model("cnn", kSeed); },
+      {.loss = classification(), .devices = 3, .micro_batch = 4}, [](int) { return nn::make_model("cnn", kSeed); },
       [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   const auto first = dp.replica(0).named_parameters();
   for (int d = 1; d < 3; ++d) {
@@ -102,7 +102,8 @@ TEST(DataParallel, CpuReplicasShareOneCopyOfTheWeights) {
 TEST(DataParallel, EachDeviceHoldsAQuarterOfTheStateAndCheckpointsItWhole) {
   auto make = [](int devices) {
     return std::make_unique<DataParallel>(
-        DataParallelOptions{.devices = devices, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+        DataParallelOptions{.loss = classification(), .devices = devices, .micro_batch = 4},
+        [](int) { return nn::make_model("mlp", kSeed); },
         [](std::vector<Tensor> params) { return make_optimizer("adamw", std::move(params)); });
   };
   auto plain = make(1);
@@ -140,7 +141,7 @@ TEST(DataParallel, EachDeviceHoldsAQuarterOfTheStateAndCheckpointsItWhole) {
 // naming the checkpoint's key, and no device's state changes.
 TEST(DataParallel, AStateOfAnotherModelIsRefusedByItsOwnKeys) {
   DataParallel dp(
-      {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+      {.loss = classification(), .devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
       [](std::vector<Tensor> params) { return make_optimizer("sgd", std::move(params)); });
   run_steps(dp, 8, 0, 1);
   const NamedTensors before = dp.optimizer_state();
@@ -207,7 +208,8 @@ TEST(DataParallel, MatchesAPlainFullBatchStep) {
 // both devices agree.
 TEST(DataParallel, UnusedParametersCountAsZero) {
   DataParallel dp(
-      {.devices = 2, .micro_batch = 2}, [](int) { return std::make_shared<WithUnusedParameter>(); },
+      {.loss = classification(), .devices = 2, .micro_batch = 2},
+      [](int) { return std::make_shared<WithUnusedParameter>(); },
       [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   auto& model = dynamic_cast<WithUnusedParameter&>(dp.replica(0));
   const Weights unused = weights(*model.unused), used = weights(*model.used);
@@ -219,10 +221,10 @@ TEST(DataParallel, UnusedParametersCountAsZero) {
 
 TEST(DataParallel, ReportsWhereEachDevicesTimeWent) {
   DataParallel dp(
-      {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+      {.loss = classification(), .devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
       [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   const Data data = synthetic(16, 0);
-  const StepResult result = dp.step(data.images, data.labels, 0, 0, kSeed);
+  const StepResult result = train_step(dp, data, 0, 0);
   ASSERT_EQ(result.devices.size(), 2u);
   for (const DeviceTimes& t : result.devices) {
     EXPECT_GT(t.compute, 0);
@@ -235,12 +237,12 @@ TEST(DataParallel, ReportsWhereEachDevicesTimeWent) {
 
 TEST(DataParallel, AFailingDeviceNamesItsOwnErrorAndStopsTheOthers) {
   DataParallel dp(
-      {.devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+      {.loss = classification(), .devices = 2, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
       [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   Data data = synthetic(8, 0);
   data.labels.data<int64_t>()[6] = 10;  // device 1's micro-batch: no class 10
   try {
-    dp.step(data.images, data.labels, 0, 0, kSeed);
+    train_step(dp, data, 0, 0);
     FAIL() << "a bad label was accepted";
   } catch (const Error& error) {
     // The cause, not the abort it caused on device 0.
@@ -251,18 +253,18 @@ TEST(DataParallel, AFailingDeviceNamesItsOwnErrorAndStopsTheOthers) {
 
 TEST(DataParallel, LayoutsTheTreeCannotTakeAreExplained) {
   DataParallel dp(
-      {.devices = 4, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
+      {.loss = classification(), .devices = 4, .micro_batch = 4}, [](int) { return nn::make_model("mlp", kSeed); },
       [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); });
   const Data bad_share = synthetic(48, 0);  // 12 micro-batches: 3 per device, not a power of two
   try {
-    dp.step(bad_share.images, bad_share.labels, 0, 0, kSeed);
+    train_step(dp, bad_share, 0, 0);
     FAIL() << "an uneven layout was accepted";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("12 micro-batches, which 4 devices cannot share"), std::string::npos)
         << error.what();
   }
   const Data ragged = synthetic(30, 0);
-  EXPECT_THROW(dp.step(ragged.images, ragged.labels, 0, 0, kSeed), Error);
+  EXPECT_THROW(train_step(dp, ragged, 0, 0), Error);
 }
 
 }  // namespace

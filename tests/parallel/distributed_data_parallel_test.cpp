@@ -32,6 +32,7 @@ std::unique_ptr<optim::Optimizer> sgd(std::vector<Tensor> params) {
 // rank builds its model from its own seed: the broadcast must make them rank 0's.
 std::vector<Weights> train_ddp(const std::string& model_name, int ranks, int64_t batch, int64_t micro, int steps,
                                DistributedDataParallelOptions options = {}) {
+  options.loss = classification();
   options.micro_batch = micro;
   std::vector<Weights> out(static_cast<size_t>(ranks));
   const auto errors = run_ranks(ranks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
@@ -40,9 +41,9 @@ std::vector<Weights> train_ddp(const std::string& model_name, int ranks, int64_t
     const int64_t share = batch / ranks;
     for (int s = 0; s < steps; ++s) {
       const Data data = synthetic(batch, static_cast<uint64_t>(s));
-      ddp.step(slice(data.images, 0, rank * share, (rank + 1) * share),
-               slice(data.labels, 0, rank * share, (rank + 1) * share), s * batch + rank * share,
-               static_cast<uint64_t>(s), kSeed);
+      // The share as a program that loads only its own rows would pass it.
+      ddp.step_on_share(as_batch(data).slice(rank * share, share),
+                        {.seed = kSeed, .step = static_cast<uint64_t>(s), .first_sample = s * batch + rank * share});
     }
     out[static_cast<size_t>(rank)] = weights(*model);
   });
@@ -52,10 +53,11 @@ std::vector<Weights> train_ddp(const std::string& model_name, int ranks, int64_t
 
 Weights train_dp(const std::string& model_name, int devices, int64_t batch, int64_t micro, int steps) {
   DataParallel dp(
-      {.devices = devices, .micro_batch = micro}, [&](int) { return nn::make_model(model_name, kSeed); }, sgd);
+      {.loss = classification(), .devices = devices, .micro_batch = micro},
+      [&](int) { return nn::make_model(model_name, kSeed); }, sgd);
   for (int s = 0; s < steps; ++s) {
     const Data data = synthetic(batch, static_cast<uint64_t>(s));
-    dp.step(data.images, data.labels, s * batch, static_cast<uint64_t>(s), kSeed);
+    train_step(dp, data, s * batch, static_cast<uint64_t>(s));
   }
   return weights(dp.replica(0));
 }
@@ -87,8 +89,9 @@ TEST(DistributedDataParallel, ZeroOneGivesTheSameBits) {
 TEST(DistributedDataParallel, BucketsCoverTheParametersInBackwardOrder) {
   run_ranks(1, [](int, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);
-    DistributedDataParallel ddp(model, sgd, comm,
-                                {.micro_batch = 1, .bucket_bytes = 1 << 20, .first_bucket_bytes = 4096});
+    DistributedDataParallel ddp(
+        model, sgd, comm,
+        {.loss = classification(), .micro_batch = 1, .bucket_bytes = 1 << 20, .first_bucket_bytes = 4096});
     const auto& buckets = ddp.buckets();
     ASSERT_GE(buckets.size(), 3u);
     EXPECT_EQ(buckets.front().params.front(), model->parameters().size() - 1);  // the last layer's bias first
@@ -110,11 +113,10 @@ TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
     DistributedDataParallel ddp(
         model,
         [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); },
-        comm, {.micro_batch = 2});
+        comm, {.loss = classification(), .micro_batch = 2});
     before[static_cast<size_t>(rank)] = weights(*model->unused);
     const Data data = synthetic(8, 0);
-    ddp.step(slice(data.images, 0, rank * 4, rank * 4 + 4), slice(data.labels, 0, rank * 4, rank * 4 + 4), rank * 4, 0,
-             kSeed);
+    train_step(ddp, data, 0, 0);
     after[static_cast<size_t>(rank)] = weights(*model->unused);
   });
   EXPECT_EQ(errors, std::vector<std::string>(2, ""));
@@ -125,23 +127,21 @@ TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
 TEST(DistributedDataParallel, AFailingRankStopsTheOthersNamingItself) {
   const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);
-    DistributedDataParallel ddp(model, sgd, comm, {.micro_batch = 4});
+    DistributedDataParallel ddp(model, sgd, comm, {.loss = classification(), .micro_batch = 4});
     Data data = synthetic(8, 0);
     if (rank == 1) data.labels.data<int64_t>()[5] = 10;  // rank 1's share: no class 10
-    ddp.step(slice(data.images, 0, rank * 4, rank * 4 + 4), slice(data.labels, 0, rank * 4, rank * 4 + 4), rank * 4, 0,
-             kSeed);
+    train_step(ddp, data, 0, 0);
   });
   EXPECT_NE(errors[1].find("10"), std::string::npos) << errors[1];
   EXPECT_NE(errors[0].find("rank 1"), std::string::npos) << errors[0];
 }
 
 TEST(DistributedDataParallel, LayoutsTheTreeCannotTakeAreExplained) {
-  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+  const auto errors = run_ranks(2, [&](int, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);
-    DistributedDataParallel ddp(model, sgd, comm, {.micro_batch = 4});
+    DistributedDataParallel ddp(model, sgd, comm, {.loss = classification(), .micro_batch = 4});
     const Data data = synthetic(12, 0);  // 6 per rank: 3 micro-batches of 4 in all
-    ddp.step(slice(data.images, 0, rank * 6, rank * 6 + 6), slice(data.labels, 0, rank * 6, rank * 6 + 6), rank * 6, 0,
-             kSeed);
+    train_step(ddp, data, 0, 0);
   });
   EXPECT_NE(errors[0].find("3 micro-batches, which 2 devices cannot share"), std::string::npos) << errors[0];
 }

@@ -48,7 +48,8 @@ struct Outcome {
 // One device: the data-parallel engine on a single device, from `start` if given.
 Outcome one_device(const nn::GptConfig& config, int steps, uint64_t first_step = 0, const Outcome* start = nullptr) {
   DataParallel dp(
-      {.devices = 1, .micro_batch = kMicro}, [&](int) { return std::make_shared<nn::Gpt>(config, kSeed); }, adamw);
+      {.loss = next_token_loss("input", "target"), .devices = 1, .micro_batch = kMicro},
+      [&](int) { return std::make_shared<nn::Gpt>(config, kSeed); }, adamw);
   if (start) {
     dp.replica(0).load_state_dict(start->weights);
     dp.load_optimizer_state(start->optimizer_state);
@@ -56,7 +57,9 @@ Outcome one_device(const nn::GptConfig& config, int steps, uint64_t first_step =
   Outcome run;
   for (uint64_t s = first_step; s < first_step + static_cast<uint64_t>(steps); ++s) {
     const Batch b = batch_at(s, config.context);
-    run.losses.push_back(dp.step(b.tokens, b.targets, static_cast<int64_t>(s) * kBatch, s, kSeed).loss);
+    run.losses.push_back(dp.step({{"input", b.tokens}, {"target", b.targets}},
+                                 {.seed = kSeed, .step = s, .first_sample = static_cast<int64_t>(s) * kBatch})
+                             .loss);
   }
   run.weights = dp.replica(0).state_dict();
   run.optimizer_state = dp.optimizer_state();

@@ -10,6 +10,7 @@
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/module.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/parallel/layout.h"
 
 namespace lockstep::parallel::step_testing {
 
@@ -27,6 +28,15 @@ inline Data synthetic(int64_t batch, uint64_t step) {
   std::vector<int64_t> labels(static_cast<size_t>(batch));
   for (int64_t& l : labels) l = static_cast<int64_t>(rng.next_u32() % 10);
   return {Tensor::from_vector(pixels, {batch, 1, 28, 28}), Tensor::from_vector(labels, {batch})};
+}
+
+// The batch as the layouts take it, and the loss of its fields.
+inline TensorBatch as_batch(const Data& data) { return {{"input", data.images}, {"target", data.labels}}; }
+inline LossFunction classification() { return classification_loss("input", "target"); }
+
+// One step of `layout` on a global batch whose first sample has global index first_sample.
+inline StepResult train_step(Layout& layout, const Data& data, int64_t first_sample, uint64_t step) {
+  return layout.step(as_batch(data), {.seed = kSeed, .step = step, .first_sample = first_sample});
 }
 
 using Weights = std::vector<std::vector<float>>;

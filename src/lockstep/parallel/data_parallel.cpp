@@ -94,6 +94,7 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
   LOCKSTEP_CHECK(options.devices >= 1) << "data parallel needs at least one device, got " << options.devices;
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
+  check_loss_function("DataParallel", options.loss);
   check_precision(options.precision, Device(options.device_type, 0));
   comms_ = comm::LocalCommunicator::create_group(options.devices);
   const auto devices = static_cast<size_t>(options.devices);
@@ -138,6 +139,17 @@ void DataParallel::set_lr(double lr) {
 }
 
 double DataParallel::lr() const { return optimizers_[0]->lr(); }
+
+void DataParallel::load_model_state(const NamedTensors& state) {
+  // Shared CPU weights take the same values once per replica; buffers are each replica's own.
+  for (const auto& replica : replicas_) replica->load_state_dict(state);
+}
+
+std::vector<Device> DataParallel::local_devices() const {
+  std::vector<Device> out;
+  for (int d = 0; d < devices(); ++d) out.push_back(device(d));
+  return out;
+}
 
 int DataParallel::local_index(int device, size_t param) const {
   const std::vector<size_t>& owned = owned_[static_cast<size_t>(device)];
@@ -223,21 +235,20 @@ int64_t DataParallel::optimizer_state_bytes(int device) const {
   return optimizers_.at(static_cast<size_t>(device))->state_bytes();
 }
 
-void DataParallel::run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample,
-                              uint64_t step, uint64_t seed, StepResult& result) {
+void DataParallel::run_device(int device, const TensorBatch& batch, const StepContext& context, StepResult& result) {
   DeviceTimes& times = result.devices[static_cast<size_t>(device)];
   StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   nn::Module& model = *replicas_[device];
   const std::vector<Tensor>& params = params_[static_cast<size_t>(device)];
-  const int64_t batch = images.size(0);
+  const int64_t samples = batch.size();
   const int64_t micro = options_.micro_batch;
-  const int64_t per_device = batch / devices();
+  const int64_t per_device = samples / devices();
   GradientTree tree;
   for (int64_t first = device * per_device; first < (device + 1) * per_device; first += micro) {
     const Precision precision{options_.precision, scalers_.empty() ? 1.0 : scalers_[device].scale()};
-    const Tensor loss = run_micro_batch(model, images, labels, first, micro, batch, first_sample, step, seed,
-                                        this->device(device), precision);
+    const Tensor loss =
+        run_micro_batch(model, options_.loss, batch, first, micro, samples, context, this->device(device), precision);
     // The loss rides along as the leaf's last entry, so it is summed in the same order.
     std::vector<Tensor> leaf = take_grads(params);
     leaf.push_back(loss);
@@ -303,11 +314,9 @@ void DataParallel::step_share(int device, DeviceTimes& times) {
   times.optimizer = seconds_since(start);
 }
 
-StepResult DataParallel::step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
-                              uint64_t seed) {
-  const int64_t batch = images.size(0);
-  LOCKSTEP_CHECK(labels.size(0) == batch) << "images hold " << batch << " samples but labels " << labels.size(0);
-  const std::string layout_error = check_step_layout(batch, options_.micro_batch, devices());
+StepResult DataParallel::step(const TensorBatch& batch, const StepContext& context) {
+  check_batch_has_samples("DataParallel", batch);
+  const std::string layout_error = check_step_layout(batch.size(), options_.micro_batch, devices());
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
   StepResult result;
   result.devices.resize(static_cast<size_t>(devices()));
@@ -318,7 +327,7 @@ StepResult DataParallel::step(const Tensor& images, const Tensor& labels, int64_
       for (auto& device_sums : sums) device_sums.clear();
     }
   } release{sums_};
-  workers_->run([&](int device) { run_device(device, images, labels, first_sample, step, seed, result); });
+  workers_->run([&](int device) { run_device(device, batch, context, result); });
   return result;
 }
 

@@ -26,13 +26,15 @@
 #include "lockstep/optim/loss_scaler.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/device_workers.h"
+#include "lockstep/parallel/layout.h"
 #include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
 
 namespace lockstep::parallel {
 
 struct DataParallelOptions {
-  int devices = 1;  // devices 0 .. devices-1 of device_type
+  LossFunction loss = nullptr;  // one loss per sample of a micro-batch (loss_function.h)
+  int devices = 1;              // devices 0 .. devices-1 of device_type
   DeviceType device_type = DeviceType::cpu;
   int64_t micro_batch = 1;  // samples per micro-batch: the leaf of the step's tree
   int threads_per_device = 1;
@@ -41,7 +43,7 @@ struct DataParallelOptions {
   DType precision = DType::f32;
 };
 
-class DataParallel {
+class DataParallel final : public Layout {
  public:
   using MakeReplica = std::function<std::shared_ptr<nn::Module>(int device)>;
 
@@ -51,35 +53,37 @@ class DataParallel {
   // over 1-D views of one device's shares of them.
   DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
                const OptimizerFactory& make_optimizer);
-  ~DataParallel();
+  ~DataParallel() override;
 
-  // One optimizer step on a global batch (images [B, ...], labels [B]) whose first sample
-  // has global index first_sample (dropout masks are keyed by it). B must be a multiple of
-  // micro_batch, and B / micro_batch a multiple of devices() whose quotient is a power of
-  // two (check_step_layout); the error says which sizes work.
-  StepResult step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed);
+  // One optimizer step on a global batch of B samples whose first has global index
+  // context.first_sample. B must be a multiple of micro_batch, and B / micro_batch a
+  // multiple of devices() whose quotient is a power of two (check_step_layout); the error
+  // says which sizes work.
+  StepResult step(const TensorBatch& batch, const StepContext& context) override;
 
+  nn::Module& model() override { return replica(0); }
+  void load_model_state(const NamedTensors& state) override;
+  std::vector<Device> local_devices() const override;
   int devices() const { return static_cast<int>(replicas_.size()); }
   Device device(int d) const { return Device(options_.device_type, d); }
   int64_t micro_batch() const { return options_.micro_batch; }
   int threads_per_device() const { return options_.threads_per_device; }
   nn::Module& replica(int device) { return *replicas_.at(device); }
   // The learning rate of every device's optimizer.
-  void set_lr(double lr);
-  double lr() const;
+  void set_lr(double lr) override;
+  double lr() const override;
   // The optimizer state as one unsharded optimizer over a replica's parameters holds it
   // (on CPU devices gathered from their shares; under f16 with the loss scaler's entries),
   // and its loading into every device. Checkpoints hold it, so they load on any number of
   // devices.
-  NamedTensors optimizer_state();
-  void load_optimizer_state(const NamedTensors& state);
+  NamedTensors optimizer_state() override;
+  void load_optimizer_state(const NamedTensors& state) override;
   // Bytes of optimizer state device d holds (about 1/devices() of the whole on CPU devices).
   int64_t optimizer_state_bytes(int device) const;
 
  private:
   // Device d's part of a step; device 0 also writes the step's loss.
-  void run_device(int device, const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
-                  uint64_t seed, StepResult& result);
+  void run_device(int device, const TensorBatch& batch, const StepContext& context, StepResult& result);
   // Shared weights: folds device d's share of every device's sums and steps it.
   void step_share(int device, DeviceTimes& times);
   // Shared weights: the position of parameter `param` among device d's optimizer's

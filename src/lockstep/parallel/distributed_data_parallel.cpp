@@ -37,6 +37,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       comm_(std::move(comm)),
       options_(options),
       gradients_(model_->parameters(), comm_->size()) {
+  check_loss_function("DistributedDataParallel", options.loss);
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
   LOCKSTEP_CHECK(options.bucket_bytes >= 1 && options.first_bucket_bytes >= 1)
@@ -129,12 +130,23 @@ void DistributedDataParallel::start_ready_buckets() {
   }
 }
 
-StepResult DistributedDataParallel::step(const Tensor& images, const Tensor& labels, int64_t first_sample,
-                                         uint64_t step, uint64_t seed) {
+std::vector<Device> DistributedDataParallel::local_devices() const { return {gradients_.params().front().device()}; }
+
+StepResult DistributedDataParallel::step(const TensorBatch& global_batch, const StepContext& context) {
+  const int64_t share = global_batch.size() / comm_->size();
+  LOCKSTEP_CHECK(share * comm_->size() == global_batch.size())
+      << "a global batch of " << global_batch.size() << " samples does not split evenly over " << comm_->size()
+      << " ranks: make --batch-size a multiple of the rank count";
+  const int64_t first = comm_->rank() * share;
+  return step_on_share(global_batch.slice(first, share),
+                       {.seed = context.seed, .step = context.step, .first_sample = context.first_sample + first});
+}
+
+StepResult DistributedDataParallel::step_on_share(const TensorBatch& share, const StepContext& context) {
   StepResult result;
   result.devices.resize(1);
   try {
-    run_step(images, labels, first_sample, step, seed, result);
+    run_step(share, context, result);
   } catch (const std::exception& error) {
     collecting_ = false;
     clear_grad_destinations();
@@ -152,13 +164,11 @@ StepResult DistributedDataParallel::step(const Tensor& images, const Tensor& lab
   return result;
 }
 
-void DistributedDataParallel::run_step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step,
-                                       uint64_t seed, StepResult& result) {
+void DistributedDataParallel::run_step(const TensorBatch& share, const StepContext& context, StepResult& result) {
   DeviceTimes& times = result.devices[0];
   StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
-  const int64_t local = images.size(0);
-  LOCKSTEP_CHECK(labels.size(0) == local) << "images hold " << local << " samples but labels " << labels.size(0);
+  const int64_t local = share.size();
   LOCKSTEP_CHECK(local > 0) << "a step needs samples on every rank; rank " << comm_->rank() << " got none";
   const int64_t batch = local * comm_->size();
   const std::string layout_error = check_step_layout(batch, options_.micro_batch, comm_->size());
@@ -184,8 +194,7 @@ void DistributedDataParallel::run_step(const Tensor& images, const Tensor& label
         gradients_.params()[i].set_grad_destination(gradients_.view(last_leaf_, i));
     }
     const Precision precision{options_.precision, scaler_ ? scaler_->scale() : 1.0};
-    losses.add_leaf(
-        {run_micro_batch(*model_, images, labels, first, micro, batch, first_sample, step, seed, device, precision)});
+    losses.add_leaf({run_micro_batch(*model_, options_.loss, share, first, micro, batch, context, device, precision)});
     if (!last) tree_.add_leaf({gradients_.take_all()});
   }
   // Parameters backward did not reach (unused in this step) count as zeros.

@@ -32,12 +32,14 @@
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/flat_gradients.h"
 #include "lockstep/parallel/gradient_tree.h"
+#include "lockstep/parallel/layout.h"
 #include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
 
 namespace lockstep::parallel {
 
 struct DistributedDataParallelOptions {
+  LossFunction loss = nullptr;               // one loss per sample of a micro-batch (loss_function.h)
   int64_t micro_batch = 1;                   // samples per micro-batch: the leaf of the step's tree
   int64_t bucket_bytes = int64_t{25} << 20;  // gradient bytes per all-reduce (PyTorch's bucket_cap_mb)
   int64_t first_bucket_bytes = int64_t{1} << 20;
@@ -53,7 +55,7 @@ struct GradientBucket {
   std::vector<size_t> params;  // indices into model.parameters()
 };
 
-class DistributedDataParallel {
+class DistributedDataParallel final : public Layout {
  public:
   // model: this rank's replica; make_optimizer(params): an elementwise optimizer (SGD,
   // AdamW) over the model's parameters, or over this rank's flat shard of them (zero1, or
@@ -61,31 +63,35 @@ class DistributedDataParallel {
   // The communicator's ranks are the devices. Collective (rank 0's weights are broadcast).
   DistributedDataParallel(std::shared_ptr<nn::Module> model, const OptimizerFactory& make_optimizer,
                           std::shared_ptr<comm::Communicator> comm, const DistributedDataParallelOptions& options);
-  ~DistributedDataParallel();
+  ~DistributedDataParallel() override;
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // One optimizer step. images [b, ...] and labels [b] are this rank's share of the global
-  // batch (b × size() samples, the same b on every rank); first_sample is the global index
-  // of this rank's first sample (dropout masks are keyed by it). An error on one rank
-  // aborts the communicator, so the others stop at once instead of waiting for it.
-  StepResult step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed);
+  // One optimizer step on the global batch (the same on every rank): this rank trains on
+  // its contiguous share, rows [rank * b, (rank + 1) * b) for b = size / ranks.
+  StepResult step(const TensorBatch& global_batch, const StepContext& context) override;
+  // The same step for a program that loads only this rank's share of the global batch
+  // (b samples, the same b on every rank); context.first_sample is the global index of the
+  // share's first sample. An error on one rank aborts the communicator, so the others stop
+  // at once instead of waiting for it.
+  StepResult step_on_share(const TensorBatch& share, const StepContext& context);
 
-  nn::Module& module() { return *model_; }
+  nn::Module& model() override { return *model_; }
+  void load_model_state(const NamedTensors& state) override { model_->load_state_dict(state); }
+  std::vector<Device> local_devices() const override;
   comm::Communicator& communicator() { return *comm_; }
-  void set_lr(double lr);
-  double lr() const;
+  void set_lr(double lr) override;
+  double lr() const override;
   // The optimizer state as one unsharded optimizer over the parameters holds it (under
   // zero1 gathered from every rank: collective), and its loading.
-  NamedTensors optimizer_state();
-  void load_optimizer_state(const NamedTensors& state);
+  NamedTensors optimizer_state() override;
+  void load_optimizer_state(const NamedTensors& state) override;
   // Bytes of optimizer state this rank holds (1/size() of the whole under zero1).
   int64_t optimizer_state_bytes() const;
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
 
  private:
-  void run_step(const Tensor& images, const Tensor& labels, int64_t first_sample, uint64_t step, uint64_t seed,
-                StepResult& result);
+  void run_step(const TensorBatch& share, const StepContext& context, StepResult& result);
   void on_gradient_ready(size_t param);
   void clear_grad_destinations();  // those backward did not reach keep none for later
   void start_ready_buckets();

@@ -34,24 +34,35 @@ void check_precision(DType autocast, Device device) {
       << " computes in f32: leave the precision at f32";
 }
 
-Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& labels, int64_t first, int64_t count,
-                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device,
+Tensor run_micro_batch(nn::Module& model, const LossFunction& loss, const TensorBatch& batch, int64_t first,
+                       int64_t count, int64_t global_batch, const StepContext& context, Device device,
                        const Precision& precision) {
   const AutocastGuard autocast(precision.autocast);  // backward runs on this thread too
-  const Tensor x = slice(images, 0, first, first + count).to(device);
-  const Tensor y = slice(labels, 0, first, first + count).to(device);
-  model.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + first});
-  // A sequence model predicts every position: its [count, T, classes] logits are count * T
-  // predictions, each weighted 1/(batch * T), so the loss is the mean over every position
-  // of the global batch.
-  const Tensor logits = flatten(model(x), 0, -2);  // [predictions, classes]
-  const double weight = static_cast<double>(batch * (logits.size(0) / count));
-  const Tensor loss = cross_entropy(logits, flatten(y, 0), Reduction::sum);
+  const TensorBatch micro_batch = batch.slice(first, count).to(device);
+  const StepContext micro_context{
+      .seed = context.seed, .step = context.step, .first_sample = context.first_sample + first};
+  model.set_forward_context(micro_context);
+  const Tensor losses = loss(model, micro_batch, micro_context);
+  // A sequence model's [count, T] losses are count * T terms, each weighted 1/(batch * T),
+  // so the loss is the mean over every position of the global batch.
+  const double weight = static_cast<double>(global_batch * check_per_sample_loss(losses, count));
+  const Tensor total = sum(losses);
   // The scale is a power of two: scale / weight rounds as 1 / weight does, times the scale.
-  loss.backward(Tensor::scalar(precision.loss_scale / weight, DType::f32, device));
+  total.backward(Tensor::scalar(precision.loss_scale / weight, total.dtype(), device));
   // The loss divided where it lies (f32 to f64 is exact; one IEEE division, as on the host),
   // so a GPU step does not wait for it.
-  return div(reshape(loss.detach(), {1}).to(DType::f64), Tensor::full({1}, weight, DType::f64, device));
+  return div(reshape(total.detach(), {1}).to(DType::f64), Tensor::full({1}, weight, DType::f64, device));
+}
+
+void check_loss_function(const char* layout, const LossFunction& loss) {
+  LOCKSTEP_CHECK(loss) << layout
+                       << " has no loss function: set its options' loss (e.g. parallel::classification_loss(\"input\", "
+                          "\"target\"), or a function of your own; see parallel/loss_function.h)";
+}
+
+void check_batch_has_samples(const char* layout, const TensorBatch& batch) {
+  LOCKSTEP_CHECK(batch.size() > 0) << layout << ": the batch holds no samples (fields: " << batch.fields().size()
+                                   << "); a step needs at least one micro-batch";
 }
 
 }  // namespace lockstep::parallel

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/data/tensor_batch.h"
 #include "lockstep/nn/module.h"
+#include "lockstep/parallel/loss_function.h"
 
 namespace lockstep::parallel {
 
@@ -30,7 +32,7 @@ inline double seconds_since(StepClock::time_point start) {
 }
 
 struct StepResult {
-  double loss = 0;  // mean cross-entropy over the global batch, summed in tree order
+  double loss = 0;  // the mean loss over the global batch, summed in tree order
   std::vector<DeviceTimes> devices;
   bool skipped = false;  // f16: a gradient overflowed, so no update (the loss scale halved)
 };
@@ -48,17 +50,22 @@ struct Precision {
 std::string check_step_layout(int64_t batch, int64_t micro_batch, int devices);
 
 // One leaf of the step's tree: forward and backward of rows [first, first + count) of
-// images and labels (row 0 is global sample first_sample) on `device`, in a step whose
-// global batch holds `batch` samples. The loss is the micro-batch's cross-entropy *sum* with seed
-// gradient 1/batch (1/(batch * T) for a sequence model's [count, T, classes] logits), so every
-// micro-batch counts alike whichever device runs it; dropout is keyed by global sample
-// index. The gradients land in the parameters' .grad. Returns the micro-batch's share of the
-// mean loss as a one-element f64 tensor: the loss's own leaf.
+// `batch` (whose row 0 is global sample context.first_sample) on `device`, in a step whose
+// global batch holds `global_batch` samples. loss gives one loss per sample
+// (loss_function.h); each of its terms is weighted 1/(global_batch * terms per sample), so
+// every micro-batch counts alike whichever device runs it. The gradients land in the
+// parameters' .grad. Returns the micro-batch's share of the mean loss as a one-element f64
+// tensor: the loss's own leaf.
 // Under `precision` the products run in its autocast type and the gradients come out
 // multiplied by its loss scale; the returned loss is never scaled.
-Tensor run_micro_batch(nn::Module& model, const Tensor& images, const Tensor& labels, int64_t first, int64_t count,
-                       int64_t batch, int64_t first_sample, uint64_t step, uint64_t seed, Device device,
+Tensor run_micro_batch(nn::Module& model, const LossFunction& loss, const TensorBatch& batch, int64_t first,
+                       int64_t count, int64_t global_batch, const StepContext& context, Device device,
                        const Precision& precision = {});
+
+// What every layout checks: that it was given a loss function (at construction), and that a
+// step's batch holds samples. The errors name the layout.
+void check_loss_function(const char* layout, const LossFunction& loss);
+void check_batch_has_samples(const char* layout, const TensorBatch& batch);
 
 // Checks a precision for a data-parallel layout: f32, or bf16 and f16 on GPU devices.
 void check_precision(DType autocast, Device device);

@@ -1,0 +1,46 @@
+// The one interface every parallel layout implements — DataParallel (one process, many
+// devices), DistributedDataParallel and its ZeRO-1 (one process per device) — so a training
+// loop drives any of them alike: a step on a global batch with the user's loss (the
+// layout's options carry it), the learning rate, the full model and the unsharded
+// optimizer state and their loading, and the devices it drives.
+#pragma once
+
+#include <vector>
+
+#include "lockstep/core/device.h"
+#include "lockstep/data/tensor_batch.h"
+#include "lockstep/nn/module.h"
+#include "lockstep/parallel/loss_function.h"
+#include "lockstep/parallel/step.h"
+
+namespace lockstep::parallel {
+
+class Layout {
+ public:
+  virtual ~Layout() = default;
+
+  // One optimizer step on the global batch, whose first sample has global index
+  // context.first_sample (random layers key their draws by it). Every process of a
+  // multi-process layout passes the same global batch and trains on its share. The batch
+  // must split as the step's tree needs (check_step_layout); the error says which sizes do.
+  virtual StepResult step(const TensorBatch& global_batch, const StepContext& context) = 0;
+
+  // The whole model as one device holds it (device 0's replica; this rank's under ddp):
+  // what is saved and evaluated.
+  virtual nn::Module& model() = 0;
+  // Loads a full state_dict (parameters and buffers) into every replica this process holds.
+  virtual void load_model_state(const NamedTensors& state) = 0;
+
+  virtual void set_lr(double lr) = 0;
+  virtual double lr() const = 0;
+  // The optimizer state as one unsharded optimizer over model()'s parameters holds it
+  // (collective where the state is sharded across processes), and its loading: checkpoints
+  // hold it, so they load into any layout on any number of devices.
+  virtual NamedTensors optimizer_state() = 0;
+  virtual void load_optimizer_state(const NamedTensors& state) = 0;
+
+  // The devices this process drives.
+  virtual std::vector<Device> local_devices() const = 0;
+};
+
+}  // namespace lockstep::parallel

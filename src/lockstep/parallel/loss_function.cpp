@@ -1,0 +1,73 @@
+#include "lockstep/parallel/loss_function.h"
+
+#include "lockstep/ops/ops.h"
+
+namespace lockstep::parallel {
+namespace {
+
+// Cross-entropy of logits [n, ..., classes] against targets [n, ...], one loss per target.
+Tensor cross_entropy_per_target(const Tensor& logits, const Tensor& targets, const char* loss_name) {
+  LOCKSTEP_CHECK(logits.dim() == targets.dim() + 1)
+      << loss_name << ": the model gave logits " << shape_str(logits.shape()) << " for targets "
+      << shape_str(targets.shape()) << "; logits need one more axis than the targets (the classes, last)";
+  for (int64_t axis = 0; axis < targets.dim(); ++axis) {
+    LOCKSTEP_CHECK(logits.size(axis) == targets.size(axis))
+        << loss_name << ": logits " << shape_str(logits.shape()) << " do not match targets "
+        << shape_str(targets.shape()) << " on axis " << axis;
+  }
+  const Tensor losses = cross_entropy(flatten(logits, 0, -2), flatten(targets, 0), Reduction::none);
+  return reshape(losses, targets.shape());
+}
+
+}  // namespace
+
+LossFunction classification_loss(std::string input, std::string target) {
+  return [input = std::move(input), target = std::move(target)](nn::Module& model, const TensorBatch& batch,
+                                                                const StepContext&) {
+    const Tensor& labels = batch.at(target);
+    LOCKSTEP_CHECK(labels.dim() == 1) << "classification_loss: targets '" << target << "' are "
+                                      << shape_str(labels.shape())
+                                      << "; they must be one class index per sample, [n] (for sequences use "
+                                         "next_token_loss)";
+    return cross_entropy_per_target(model(batch.at(input)), labels, "classification_loss");
+  };
+}
+
+LossFunction next_token_loss(std::string input, std::string target) {
+  return [input = std::move(input), target = std::move(target)](nn::Module& model, const TensorBatch& batch,
+                                                                const StepContext&) {
+    const Tensor& targets = batch.at(target);
+    LOCKSTEP_CHECK(targets.dim() == 2) << "next_token_loss: targets '" << target << "' are "
+                                       << shape_str(targets.shape()) << "; they must be one token per position, [n, T]";
+    return cross_entropy_per_target(model(batch.at(input)), targets, "next_token_loss");
+  };
+}
+
+LossFunction mse_loss(std::string input, std::string target) {
+  return [input = std::move(input), target = std::move(target)](nn::Module& model, const TensorBatch& batch,
+                                                                const StepContext&) {
+    const Tensor prediction = model(batch.at(input));
+    const Tensor& wanted = batch.at(target);
+    LOCKSTEP_CHECK(prediction.shape() == wanted.shape())
+        << "mse_loss: the model gave " << shape_str(prediction.shape()) << " for targets '" << target << "' "
+        << shape_str(wanted.shape()) << "; they must have one shape (reshape the targets, e.g. [n] to [n, 1])";
+    return square(prediction - wanted.to(prediction.dtype()));
+  };
+}
+
+int64_t check_per_sample_loss(const Tensor& loss, int64_t samples) {
+  LOCKSTEP_CHECK(loss.defined()) << "the loss function returned no tensor: return one loss per sample";
+  LOCKSTEP_CHECK(loss.dim() >= 1 && loss.size(0) == samples)
+      << "the loss function returned a tensor of shape " << shape_str(loss.shape()) << " for a micro-batch of "
+      << samples << " samples: return one loss per sample (shape [" << samples
+      << ", ...], e.g. cross_entropy with Reduction::none), not their mean or sum: the layout averages over the "
+         "global batch, so that the step does not depend on how many devices carry it";
+  LOCKSTEP_CHECK(is_floating(loss.dtype()))
+      << "the loss function returned " << dtype_name(loss.dtype()) << " losses: they must be floating point";
+  LOCKSTEP_CHECK(loss.requires_grad())
+      << "the loss function returned losses that do not depend on the model's parameters (no gradient would "
+         "flow): compute them from the model's output";
+  return samples == 0 ? 1 : loss.numel() / samples;
+}
+
+}  // namespace lockstep::parallel
