@@ -29,6 +29,7 @@
 #include "tools/commands.h"
 #include "tools/device_report.h"
 #include "tools/flags.h"
+#include "tools/printable_text.h"
 #include "tools/run_dir.h"
 #include "tools/train_checkpoint.h"
 #include "tools/train_devices.h"
@@ -81,10 +82,8 @@ std::string sample_text(nn::Module& model, const TrainOptions& options) {
                    options.sample_bytes, options.temperature, options.seed);
   std::string bytes;
   for (int64_t t : tokens) bytes += static_cast<char>(t);
-  // The model emits bytes, not always whole UTF-8 characters: broken sequences become
-  // U+FFFD, so the sample prints cleanly and fits in summary.json.
-  const std::string quoted = nlohmann::json(bytes).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  return nlohmann::json::parse(quoted).get<std::string>();
+  // The model emits bytes, not always whole UTF-8 characters, and may emit control bytes.
+  return printable_text(bytes);
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options, std::vector<Tensor> params) {
@@ -118,15 +117,32 @@ nlohmann::json memory_json(const std::vector<std::string>& names, const std::vec
   return out;
 }
 
+// Flag values out of range are usage errors (exit 2), as a flag that does not parse is.
 void check_options(const TrainOptions& options) {
-  LOCKSTEP_CHECK(options.batch_size > 0) << "--batch-size must be at least 1, got " << options.batch_size;
-  LOCKSTEP_CHECK(options.micro_batch > 0) << "--micro-batch must be at least 1, got " << options.micro_batch;
-  LOCKSTEP_CHECK(options.bucket_mb > 0) << "--bucket-mb must be positive, got " << options.bucket_mb;
-  LOCKSTEP_CHECK(options.epochs >= 0) << "--epochs must be 0 or more, got " << options.epochs;
-  LOCKSTEP_CHECK(options.steps >= -1) << "--steps must be 0 or more, got " << options.steps;
-  LOCKSTEP_CHECK(options.lr > 0 && std::isfinite(options.lr)) << "--lr must be a positive number, got " << options.lr;
-  LOCKSTEP_CHECK(options.threads >= 0) << "--threads must be 1 or more, got " << options.threads;
-  LOCKSTEP_CHECK(options.log_every > 0) << "--log-every must be at least 1, got " << options.log_every;
+  const auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw UsageError(message);
+  };
+  const auto number = [](double x) {
+    std::ostringstream text;
+    text << x;
+    return text.str();
+  };
+  require(options.batch_size > 0, "--batch-size must be at least 1, got " + std::to_string(options.batch_size));
+  require(options.micro_batch > 0, "--micro-batch must be at least 1, got " + std::to_string(options.micro_batch));
+  require(options.bucket_mb > 0, "--bucket-mb must be positive, got " + number(options.bucket_mb));
+  require(options.epochs >= 0, "--epochs must be 0 or more, got " + std::to_string(options.epochs));
+  require(options.steps >= -1, "--steps must be 0 or more, got " + std::to_string(options.steps));
+  require(options.lr > 0 && std::isfinite(options.lr), "--lr must be a positive number, got " + number(options.lr));
+  require(options.threads >= 0, "--threads must be 1 or more, got " + std::to_string(options.threads));
+  require(options.log_every > 0, "--log-every must be at least 1, got " + std::to_string(options.log_every));
+  if (!options.lr_schedule.empty()) {
+    // A given schedule is checked now; the default one depends on the run's length.
+    try {
+      optim::parse_schedule(options.lr_schedule);
+    } catch (const Error& e) {
+      throw UsageError(std::string("--lr-schedule: ") + e.what());
+    }
+  }
 }
 
 }  // namespace
@@ -175,8 +191,8 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("momentum", &options.momentum, "SGD momentum");
   flags.add("weight-decay", &options.weight_decay, "weight decay");
   flags.add("lr-schedule", &options.lr_schedule,
-            "constant | step:N[:GAMMA] | cosine[:warmup=N] (default: cosine after 100 warm-up steps, or a tenth of a "
-            "shorter run; gpt: cosine)");
+            "constant | step:N[:GAMMA] | cosine[:warmup=N][:total=N][:min_lr=X] (default: cosine over the run after "
+            "100 warm-up steps, or a tenth of a shorter run; gpt: no warm-up)");
   flags.add("seed", &options.seed, "seed of initialization, data order and dropout");
   flags.add("threads", &options.threads, "compute threads in all, shared by the devices (default: every core)");
   flags.add("data", &options.data_dir,
@@ -227,11 +243,15 @@ int train_main(const std::vector<std::string>& args) {
   }
   // After the checkpoint's settings: a resumed run keeps the optimizer it had.
   if (options.optimizer.empty()) options.optimizer = kDefaultOptimizer;
+  // -1 stands for "the optimizer's default": a negative --lr must not pass for it.
+  if (flags.given("lr") && !(options.lr > 0)) {
+    std::ostringstream given;
+    given << options.lr;
+    throw UsageError("--lr must be a positive number, got " + given.str());
+  }
   if (options.lr < 0) options.lr = default_lr(options.model, options.optimizer);
   if (options.micro_batch < 0) options.micro_batch = default_micro_batch(options.batch_size);
   check_options(options);
-  // A given schedule is checked now; the default one depends on the run's length (below).
-  if (!options.lr_schedule.empty()) optim::parse_schedule(options.lr_schedule);
 
   const TrainTask task = make_train_task(options);
   if (task.language_model) {

@@ -325,7 +325,10 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
   const std::vector<Case> cases = {
       {base() + " --data " + (root_ / "nowhere").string(), 1, "apt-get install dataset-fashion-mnist"},
       {base() + " --data " + corrupt.string(), 1, "train-images-idx3-ubyte.gz"},
-      {base() + " --batch-size 0", 1, "--batch-size"},
+      {base() + " --batch-size 0", 2, "--batch-size must be at least 1, got 0"},
+      {base() + " --epochs -1", 2, "--epochs must be 0 or more, got -1"},
+      {base() + " --lr -0.5", 2, "--lr must be a positive number, got -0.5"},
+      {base() + " --lr-schedule warp:3", 2, "--lr-schedule: "},
       {base() + " --init " + (root_ / "bad.safetensors").string(), 1, "bad.safetensors"},
       {base() + " --resume " + (root_ / "cnn").string(), 1, "--model cnn"},
       {base() + " --resume " + (root_ / "empty").string(), 1, "checkpoint.safetensors"},
