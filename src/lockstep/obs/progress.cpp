@@ -5,14 +5,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 namespace lockstep {
+namespace {
+
+// TERM=dumb (Emacs shells, some CI consoles) or no TERM: a terminal that moves the cursor
+// with \r but knows no escape sequences, so \033[K would print as text.
+bool terminal_is_dumb() {
+  const char* term = std::getenv("TERM");
+  return term == nullptr || *term == '\0' || std::strcmp(term, "dumb") == 0;
+}
+
+}  // namespace
 
 ProgressBar::ProgressBar(int64_t total_steps, bool quiet, FILE* out)
     : total_steps_(total_steps),
       quiet_(quiet),
       out_(out),
       interactive_(isatty(fileno(out)) != 0),
+      erases_line_(interactive_ && !terminal_is_dumb()),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
@@ -62,7 +75,14 @@ void ProgressBar::update(int64_t step, int64_t epoch, double loss, double sample
     if (drawn_ && since < 0.1 && !last) return;
     winsize ws{};
     const int width = ioctl(fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 100;
-    std::fprintf(out_, "\r\033[K%s", render(step, epoch, loss, samples_per_second, width).c_str());
+    const std::string line = render(step, epoch, loss, samples_per_second, width);
+    if (erases_line_) {
+      std::fprintf(out_, "\r\033[K%s", line.c_str());
+    } else {  // spaces cover what is left of a longer previous line
+      const size_t pad = drawn_width_ > line.size() ? drawn_width_ - line.size() : 0;
+      std::fprintf(out_, "\r%s%s", line.c_str(), std::string(pad, ' ').c_str());
+    }
+    drawn_width_ = line.size();
   } else {
     if (drawn_ && since < plain_interval_seconds_ && !last) return;
     std::fprintf(out_, "%s\n", render(step, epoch, loss, samples_per_second, 0).c_str());

@@ -29,6 +29,8 @@ class ProgressBar {
   bool quiet_;
   FILE* out_;
   bool interactive_;
+  bool erases_line_;        // the terminal takes \033[K (not TERM=dumb)
+  size_t drawn_width_ = 0;  // characters of the line last drawn
   double plain_interval_seconds_ = 5.0;
   std::chrono::steady_clock::time_point start_, last_draw_;
   bool drawn_ = false;
