@@ -193,6 +193,11 @@ void Module::train(bool on) {
   for (const auto& entry : children_) entry.second->train(on);
 }
 
+void Module::defer_step_statistics(bool on) {
+  defer_statistics_ = on;
+  for (const auto& entry : children_) entry.second->defer_step_statistics(on);
+}
+
 void Module::to(Device device) {
   for (const auto& [name, p] : named_parameters()) p.set_data(p.to(device));
   for (const auto& [name, buffer] : named_buffers()) buffer.set_data(buffer.to(device));

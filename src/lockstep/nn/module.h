@@ -98,6 +98,20 @@ class Module {
   int64_t random_layer_index() const { return random_layer_index_; }
   virtual bool uses_randomness() const { return false; }
 
+  // --- running statistics folded once per step (BatchNorm's running mean and variance) ---
+  // Outside a layout a module with running statistics updates them at every training
+  // forward, as PyTorch's do. A parallel layout defers them: a training forward then only
+  // adds its batch's statistics to a pending sum, which the layout takes after every
+  // micro-batch (take_step_statistics: tensors of fixed shapes that it leaves zeroed — among
+  // them the count of forwards they sum; none for a module without statistics), folds in
+  // the step's tree order over the whole global batch, and hands to every replica's module
+  // once per step (apply_step_statistics), so the running statistics are the same bits on
+  // any device count.
+  void defer_step_statistics(bool on = true);  // this module and every descendant
+  bool defers_step_statistics() const { return defer_statistics_; }
+  virtual std::vector<Tensor> take_step_statistics() { return {}; }
+  virtual void apply_step_statistics(const std::vector<Tensor>& /*sums*/) {}
+
   // Fills one of this module's own parameters (name as registered) with its default
   // initialization, drawing from rng. nn::initialize calls it; layers override it.
   virtual void reset_parameter(const std::string& name, const Tensor& parameter, Philox& rng);
@@ -115,6 +129,7 @@ class Module {
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  bool defer_statistics_ = false;
   bool has_context_ = false;
   ForwardContext context_;
   int64_t random_layer_index_ = -1;
