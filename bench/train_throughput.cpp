@@ -117,7 +117,7 @@ void print_result(const std::map<std::string, double>& values) {
 int train_worker(const std::string& model_name, int threads, int64_t steps, const Options& options) {
   set_num_threads(threads);
   const Device device = Device::parse(options.device);
-  const Dataset train_set = load_fashion_mnist(options.data, Split::train);
+  const TensorDataset train_set = load_fashion_mnist(options.data, Split::train);
   const std::shared_ptr<nn::Module> model = nn::make_model(model_name, 0);
   model->to(device);
   optim::SGD sgd(model->parameters(), {.lr = kLr, .momentum = kMomentum});
@@ -130,7 +130,7 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
     std::optional<Batch> batch = loader.next();
     if (!batch) batch = loader.next();  // next epoch
     auto t1 = Clock::now();
-    const Tensor images = batch->images.to(device), labels = batch->labels.to(device);
+    const Tensor images = batch->samples[kImageField].to(device), labels = batch->samples[kLabelField].to(device);
     const AutocastGuard autocast(parse_dtype(options.precision));
     Tensor loss_tensor = cross_entropy(model->forward(images), labels);
     auto t2 = Clock::now();

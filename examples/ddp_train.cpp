@@ -50,9 +50,8 @@ int main(int argc, char** argv) {
     for (int64_t step = 0; step < steps;) {
       const std::optional<Batch> batch = loader.next();
       if (!batch) continue;  // next epoch
-      const parallel::StepResult result =
-          ddp.step({{"image", batch->images}, {"label", batch->labels}},
-                   {.seed = kSeed, .step = static_cast<uint64_t>(step), .first_sample = batch->first_position});
+      const parallel::StepResult result = ddp.step(
+          batch->samples, {.seed = kSeed, .step = static_cast<uint64_t>(step), .first_sample = batch->first_position});
       ++step;
       if (comm->rank() == 0 && (step % 50 == 0 || step == steps))
         std::printf("step %lld  loss %.6f\n", static_cast<long long>(step), result.loss);

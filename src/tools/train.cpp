@@ -49,11 +49,14 @@ struct Evaluation {
 
 // Mean loss and accuracy over every prediction: one per image, or one per position of a
 // text window (next-byte accuracy).
-Evaluation evaluate(nn::Module& model, const Dataset& data) {
+Evaluation evaluate(nn::Module& model, const TensorDataset& data, const std::string& input_field,
+                    const std::string& target_field) {
   NoGradGuard no_grad;
   model.eval();
+  const Tensor& inputs = data[input_field];
+  const Tensor& targets = data[target_field];
   const int64_t n = data.size();
-  const int64_t per_sample = n > 0 ? data.labels.numel() / n : 1;
+  const int64_t per_sample = n > 0 ? targets.numel() / n : 1;
   const int64_t batch = std::max<int64_t>(1, 1000 / per_sample);  // about a thousand predictions at a time
   double loss_sum = 0;
   int64_t correct = 0;
@@ -61,8 +64,8 @@ Evaluation evaluate(nn::Module& model, const Dataset& data) {
   for (int64_t start = 0; start < n; start += batch) {
     const int64_t end = std::min(n, start + batch);
     // [predictions, classes], scored on the host
-    const Tensor flat_logits = flatten(model(slice(data.images, 0, start, end).to(device)), 0, -2).to(Device::cpu());
-    const Tensor labels = flatten(slice(data.labels, 0, start, end).contiguous(), 0);
+    const Tensor flat_logits = flatten(model(slice(inputs, 0, start, end).to(device)), 0, -2).to(Device::cpu());
+    const Tensor labels = flatten(slice(targets, 0, start, end).contiguous(), 0);
     loss_sum += cross_entropy(flat_logits, labels, Reduction::sum).item();
     const auto predicted = argmax(flat_logits, 1).to_vector<int64_t>();
     const auto truth = labels.to_vector<int64_t>();
@@ -261,7 +264,7 @@ int train_main(const std::vector<std::string>& args) {
     options.width = task.gpt.width;
     options.context = task.gpt.context;
   }
-  const Dataset& train_set = task.train;
+  const TensorDataset& train_set = *task.train;
 
   const std::optional<TensorFile> init =
       options.init_file.empty() ? std::nullopt : std::optional<TensorFile>(load_safetensors(options.init_file));
@@ -287,7 +290,7 @@ int train_main(const std::vector<std::string>& args) {
 
   // The last batch of an epoch is dropped when it is short: a partial batch would make a
   // step whose tree depends on how it is cut.
-  DataLoader loader(train_set,
+  DataLoader loader(task.train,
                     {.batch_size = options.batch_size, .shuffle = true, .seed = options.seed, .drop_last = true});
   LOCKSTEP_CHECK(loader.batches_per_epoch() > 0)
       << "--batch-size " << options.batch_size << " is larger than the training set (" << train_set.size()
@@ -382,7 +385,7 @@ int train_main(const std::vector<std::string>& args) {
   strategy->barrier();
   if (!leader) return 0;
 
-  const Evaluation test = evaluate(model, task.test);
+  const Evaluation test = evaluate(model, *task.test, task.input, task.target);
   const std::string sample = task.language_model ? sample_text(model, options) : "";
   const double rate = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0;
   const nlohmann::json summary = {

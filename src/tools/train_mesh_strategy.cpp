@@ -8,6 +8,7 @@
 #include "lockstep/comm/launch_env.h"
 #include "lockstep/comm/local_communicator.h"
 #include "lockstep/core/device.h"
+#include "lockstep/data/text_dataset.h"
 #include "lockstep/parallel/device_workers.h"
 #include "lockstep/parallel/gpt_mesh.h"
 #include "tools/flags.h"
@@ -46,8 +47,8 @@ class MeshStrategy final : public TrainStrategy {
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
     std::vector<parallel::GptMeshRank::StepOutcome> outcomes(ranks_.size());
     run_local([&](int r) {
-      outcomes[static_cast<size_t>(r)] =
-          ranks_[static_cast<size_t>(r)]->step(batch.images, batch.labels, batch.first_position, step, seed);
+      outcomes[static_cast<size_t>(r)] = ranks_[static_cast<size_t>(r)]->step(
+          batch.samples[kTokensField], batch.samples[kTargetsField], batch.first_position, step, seed);
     });
     parallel::StepResult result;
     result.loss = outcomes[0].loss;

@@ -40,8 +40,6 @@ std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const D
   return out;
 }
 
-TensorBatch train_batch(const Batch& batch) { return {{"input", batch.images}, {"target", batch.labels}}; }
-
 namespace {
 
 void check_layout(const TrainOptions& options) {
@@ -65,7 +63,7 @@ class DataParallelStrategy final : public TrainStrategy {
             [&](int) { return make_replica(); }, make_optimizer) {}
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
-    return dp_.step(train_batch(batch), {.seed = seed, .step = step, .first_sample = batch.first_position});
+    return dp_.step(batch.samples, {.seed = seed, .step = step, .first_sample = batch.first_position});
   }
   nn::Module& model() override { return dp_.replica(0); }
   void set_lr(double lr) override { dp_.set_lr(lr); }
@@ -119,7 +117,7 @@ class DistributedStrategy final : public TrainStrategy {
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
     // Every rank loads the global batch in the same order and trains on its share.
-    return ddp_->step(train_batch(batch), {.seed = seed, .step = step, .first_sample = batch.first_position});
+    return ddp_->step(batch.samples, {.seed = seed, .step = step, .first_sample = batch.first_position});
   }
   nn::Module& model() override { return ddp_->model(); }
   void set_lr(double lr) override { ddp_->set_lr(lr); }

@@ -84,13 +84,9 @@ std::unique_ptr<TrainStrategy> make_mesh_strategy(TrainOptions& options, const R
 // Joins the job under ddp (init_process_group(options.backend)); settles options.devices
 // (default: one per core under dp, lowered to what can share the step; the world size
 // under ddp) and checks it against the step's layout. dp and ddp train with `loss` on the
-// loader's batches as train_batch() names them; the mesh trains its GPT's own loss.
+// loader's batches; the mesh trains its GPT's own loss on the text's tokens and targets.
 std::unique_ptr<TrainStrategy> make_train_strategy(TrainOptions& options, const parallel::LossFunction& loss,
                                                    const ReplicaFactory& make_replica,
                                                    const OptimizerFactory& make_optimizer);
-
-// A loader's batch as the layouts take it: "input" (the dataset's images, or a text's
-// windows) and "target" (its labels, or the next bytes).
-TensorBatch train_batch(const Batch& batch);
 
 }  // namespace lockstep::tools

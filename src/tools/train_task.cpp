@@ -51,10 +51,12 @@ TrainTask make_train_task(const TrainOptions& options) {
     task.language_model = true;
     task.gpt = gpt_config(options);
     const TextSplits text = load_text(options.data_dir);
-    task.train = text_windows(text.train, task.gpt.context);
-    task.test = text_windows(text.validation, task.gpt.context);
+    task.train = std::make_shared<TensorDataset>(text_windows(text.train, task.gpt.context));
+    task.test = std::make_shared<TensorDataset>(text_windows(text.validation, task.gpt.context));
     task.test_name = "validation";
-    task.loss = parallel::next_token_loss("input", "target");
+    task.input = kTokensField;
+    task.target = kTargetsField;
+    task.loss = parallel::next_token_loss(task.input, task.target);
     const nn::GptConfig config = task.gpt;
     const uint64_t seed = options.seed;
     const bool checkpoint = options.checkpoint_activations;
@@ -70,14 +72,16 @@ TrainTask make_train_task(const TrainOptions& options) {
     throw UsageError("--model must be cnn, mlp (Fashion-MNIST) or gpt (text), got '" + options.model + "'");
   }
   const std::string dir = options.data_dir.empty() ? kFashionMnistDefaultDir : options.data_dir;
-  task.train = load_fashion_mnist(dir, Split::train);
-  task.test = load_fashion_mnist(dir, Split::test);
-  LOCKSTEP_CHECK(task.train.size() > 0) << "the training set in " << dir << " is empty";
+  task.train = std::make_shared<TensorDataset>(load_fashion_mnist(dir, Split::train));
+  task.test = std::make_shared<TensorDataset>(load_fashion_mnist(dir, Split::test));
+  LOCKSTEP_CHECK(task.train->size() > 0) << "the training set in " << dir << " is empty";
   task.test_name = "test";
   const std::string name = options.model;
   const uint64_t seed = options.seed;
   task.make_model = [name, seed] { return nn::make_model(name, seed); };
-  task.loss = parallel::classification_loss("input", "target");
+  task.input = kImageField;
+  task.target = kLabelField;
+  task.loss = parallel::classification_loss(task.input, task.target);
   return task;
 }
 

@@ -17,13 +17,15 @@
 namespace lockstep::tools {
 
 struct TrainTask {
-  Dataset train;
-  Dataset test;           // Fashion-MNIST's test split, or the text's validation windows
-  std::string test_name;  // "test" or "validation", for the report
+  std::shared_ptr<const TensorDataset> train;
+  std::shared_ptr<const TensorDataset> test;  // Fashion-MNIST's test split, or the text's validation windows
+  std::string test_name;                      // "test" or "validation", for the report
   bool language_model = false;
   nn::GptConfig gpt;                                        // with language_model
   std::function<std::shared_ptr<nn::Module>()> make_model;  // initialized from options.seed
-  // Of a batch whose fields are "input" and "target" (the dataset's rows, train_batch()).
+  // The fields the model reads and predicts ("image" and "label", or "tokens" and
+  // "targets"), and the loss over them.
+  std::string input, target;
   parallel::LossFunction loss;
 };
 

@@ -13,8 +13,13 @@ namespace {
 
 // n samples whose image rows hold (row * 100 + k) and whose labels hold row * 3, so every
 // gathered value says which row it came from.
-Dataset numbered_dataset(int64_t n, int64_t row_values = 6) {
-  Dataset d;
+struct Numbered {
+  Tensor images, labels;
+  TensorBatch fields() const { return {{"images", images}, {"labels", labels}}; }
+};
+
+Numbered numbered_dataset(int64_t n, int64_t row_values = 6) {
+  Numbered d;
   d.images = Tensor::empty({n, 2, row_values / 2}, DType::f32);
   d.labels = Tensor::empty({n}, DType::i64);
   for (int64_t r = 0; r < n; ++r) {
@@ -26,10 +31,9 @@ Dataset numbered_dataset(int64_t n, int64_t row_values = 6) {
 }
 
 void expect_batch_holds_rows(const Batch& batch, int64_t row_values = 6) {
-  ASSERT_EQ(batch.images.size(0), batch.size());
-  ASSERT_EQ(batch.labels.size(0), batch.size());
-  const std::vector<float> images = batch.images.to_vector<float>();
-  const std::vector<int64_t> labels = batch.labels.to_vector<int64_t>();
+  ASSERT_EQ(batch.samples.size(), batch.size());
+  const std::vector<float> images = batch.samples["images"].to_vector<float>();
+  const std::vector<int64_t> labels = batch.samples["labels"].to_vector<int64_t>();
   for (int64_t i = 0; i < batch.size(); ++i) {
     const int64_t row = batch.indices[static_cast<size_t>(i)];
     EXPECT_EQ(labels[static_cast<size_t>(i)], row * 3);
@@ -89,7 +93,7 @@ TEST(EpochOrder, AllOrdersAreEquallyLikely) {
 }
 
 TEST(DataLoader, ShuffledEpochCoversEverySampleOnce) {
-  DataLoader loader(numbered_dataset(10), {.batch_size = 3, .shuffle = true, .seed = 9});
+  DataLoader loader(numbered_dataset(10).fields(), {.batch_size = 3, .shuffle = true, .seed = 9});
   EXPECT_EQ(loader.batches_per_epoch(), 4);
   std::vector<int64_t> seen;
   std::vector<int64_t> sizes;
@@ -97,7 +101,7 @@ TEST(DataLoader, ShuffledEpochCoversEverySampleOnce) {
     EXPECT_EQ(batch->epoch, 0);
     EXPECT_EQ(batch->first_position, static_cast<int64_t>(seen.size()));
     expect_batch_holds_rows(*batch);
-    EXPECT_TRUE(batch->images.is_contiguous());
+    EXPECT_TRUE(batch->samples["images"].is_contiguous());
     sizes.push_back(batch->size());
     seen.insert(seen.end(), batch->indices.begin(), batch->indices.end());
   }
@@ -114,7 +118,7 @@ TEST(DataLoader, ShuffledEpochCoversEverySampleOnce) {
 }
 
 TEST(DataLoader, DropLastSkipsTheShortBatch) {
-  DataLoader loader(numbered_dataset(10), {.batch_size = 4, .shuffle = true, .seed = 1, .drop_last = true});
+  DataLoader loader(numbered_dataset(10).fields(), {.batch_size = 4, .shuffle = true, .seed = 1, .drop_last = true});
   EXPECT_EQ(loader.batches_per_epoch(), 2);
   int batches = 0;
   while (auto batch = loader.next()) {
@@ -126,7 +130,7 @@ TEST(DataLoader, DropLastSkipsTheShortBatch) {
 }
 
 TEST(DataLoader, RestoredPositionResumesAtTheNextBatch) {
-  const Dataset data = numbered_dataset(23);
+  const TensorBatch data = numbered_dataset(23).fields();
   const DataLoaderOptions options{.batch_size = 4, .shuffle = true, .seed = 77};
   DataLoader first(data, options);
   std::vector<std::vector<int64_t>> reference;  // epochs 0 and 1, batch by batch
@@ -161,13 +165,13 @@ TEST(DataLoader, RestoredPositionResumesAtTheNextBatch) {
 }
 
 TEST(DataLoader, UnshuffledBatchesAreViewsOfTheDataset) {
-  const Dataset data = numbered_dataset(7);
-  DataLoader loader(data, {.batch_size = 3, .shuffle = false});
+  const Numbered data = numbered_dataset(7);
+  DataLoader loader(data.fields(), {.batch_size = 3, .shuffle = false});
   std::vector<int64_t> seen;
   while (auto batch = loader.next()) {
-    EXPECT_EQ(batch->images.storage(), data.images.storage());
-    EXPECT_EQ(batch->labels.storage(), data.labels.storage());
-    EXPECT_EQ(batch->images.shape(), (Shape{batch->size(), 2, 3}));
+    EXPECT_EQ(batch->samples["images"].storage(), data.images.storage());
+    EXPECT_EQ(batch->samples["labels"].storage(), data.labels.storage());
+    EXPECT_EQ(batch->samples["images"].shape(), (Shape{batch->size(), 2, 3}));
     expect_batch_holds_rows(*batch);
     seen.insert(seen.end(), batch->indices.begin(), batch->indices.end());
   }
@@ -176,7 +180,7 @@ TEST(DataLoader, UnshuffledBatchesAreViewsOfTheDataset) {
   // A write to the dataset shows through the batch: no copy was made.
   const Batch middle = loader.batch_at(0, 3, 3);
   data.images.data<float>()[3 * 6] = -1.0f;
-  EXPECT_EQ(middle.images.to_vector<float>()[0], -1.0f);
+  EXPECT_EQ(middle.samples["images"].to_vector<float>()[0], -1.0f);
   EXPECT_EQ(middle.first_position, 3);
 }
 
@@ -186,31 +190,60 @@ TEST(DataLoader, StridedDatasetIsGatheredCorrectly) {
   Tensor storage = Tensor::empty({6, n}, DType::f32);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = 0; k < 6; ++k) storage.data<float>()[k * n + r] = static_cast<float>(r * 100 + k);
-  Dataset data = numbered_dataset(n);
+  Numbered data = numbered_dataset(n);
   data.images = storage.as_strided({n, 6}, {1, n}, 0);
-  DataLoader loader(data, {.batch_size = 2, .shuffle = true, .seed = 3});
+  DataLoader loader(data.fields(), {.batch_size = 2, .shuffle = true, .seed = 3});
   while (auto batch = loader.next()) expect_batch_holds_rows(*batch);
 }
 
 TEST(DataLoader, GatherRowsCopiesWholeRows) {
-  const Dataset data = numbered_dataset(120, 8192);  // 3 MB gathered: enough to split across threads
+  const Numbered data = numbered_dataset(120, 8192);  // 3 MB gathered: enough to split across threads
   std::vector<int64_t> rows(97);
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>((i * 53) % 120);
   Batch batch;
   batch.indices = rows;
-  batch.images = gather_rows(data.images, rows);
-  batch.labels = gather_rows(data.labels, rows);
+  batch.samples = TensorDataset(data.fields()).get(rows);
   expect_batch_holds_rows(batch, 8192);
   EXPECT_THROW(gather_rows(data.labels, {120}), Error);
 }
 
 TEST(DataLoader, RejectsBadInput) {
-  Dataset mismatched = numbered_dataset(4);
+  Numbered mismatched = numbered_dataset(4);
   mismatched.labels = Tensor::zeros({5}, DType::i64);
-  EXPECT_THROW(DataLoader(mismatched, {}), Error);
-  EXPECT_THROW(DataLoader(numbered_dataset(4), {.batch_size = 0}), Error);
-  DataLoader loader(numbered_dataset(4), {.batch_size = 2});
+  EXPECT_THROW(DataLoader(mismatched.fields(), {}), Error);
+  EXPECT_THROW(DataLoader(numbered_dataset(4).fields(), {.batch_size = 0}), Error);
+  EXPECT_THROW(DataLoader(std::shared_ptr<const Dataset>(), {}), Error);
+  DataLoader loader(numbered_dataset(4).fields(), {.batch_size = 2});
   EXPECT_THROW(loader.batch_at(0, 3, 2), Error);
+}
+
+// A dataset the user implements: samples made on demand (here from their index), sampled in
+// the same global order per (seed, epoch) as tensors in memory.
+class ComputedDataset final : public Dataset {
+ public:
+  int64_t size() const override { return 23; }
+  TensorBatch get(const std::vector<int64_t>& rows) const override {
+    ++gets;
+    const Numbered all = numbered_dataset(size());
+    return TensorDataset(all.fields()).get(rows);
+  }
+  mutable int gets = 0;
+};
+
+TEST(DataLoader, AUserDatasetIsSampledInTheSameGlobalOrder) {
+  const auto computed = std::make_shared<ComputedDataset>();
+  const DataLoaderOptions options{.batch_size = 5, .shuffle = true, .seed = 4};
+  DataLoader theirs(computed, options);
+  DataLoader in_memory(numbered_dataset(23).fields(), options);
+  for (int b = 0; b < 6; ++b) {  // across an epoch boundary
+    auto batch = theirs.next();
+    auto reference = in_memory.next();
+    ASSERT_EQ(batch.has_value(), reference.has_value());
+    if (!batch) continue;
+    EXPECT_EQ(batch->indices, reference->indices);
+    expect_batch_holds_rows(*batch);
+  }
+  EXPECT_EQ(computed->gets, 5);
 }
 
 }  // namespace

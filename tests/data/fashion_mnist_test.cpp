@@ -41,46 +41,46 @@ Bytes idx_u8(const std::vector<uint32_t>& dims, const Bytes& payload) {
 
 TEST(FashionMnist, TestSetMatchesTheRawFiles) {
   if (!dataset_installed()) GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
-  const Dataset test = load_fashion_mnist(kFashionMnistDefaultDir, Split::test);
-  ASSERT_EQ(test.images.shape(), (Shape{10000, 1, 28, 28}));
-  ASSERT_EQ(test.labels.shape(), (Shape{10000}));
-  EXPECT_EQ(test.images.dtype(), DType::f32);
-  EXPECT_EQ(test.labels.dtype(), DType::i64);
+  const TensorDataset test = load_fashion_mnist(kFashionMnistDefaultDir, Split::test);
+  ASSERT_EQ(test[kImageField].shape(), (Shape{10000, 1, 28, 28}));
+  ASSERT_EQ(test[kLabelField].shape(), (Shape{10000}));
+  EXPECT_EQ(test[kImageField].dtype(), DType::f32);
+  EXPECT_EQ(test[kLabelField].dtype(), DType::i64);
   EXPECT_EQ(test.size(), 10000);
 
   const std::string dir = kFashionMnistDefaultDir;
   const Bytes labels = gunzip_prefix(dir + "/t10k-labels-idx1-ubyte.gz", 8, 16);
   const Bytes pixels = gunzip_prefix(dir + "/t10k-images-idx3-ubyte.gz", 16, 2 * 784);
   EXPECT_EQ(labels[0], 9);  // the test set famously opens with an ankle boot
-  for (size_t i = 0; i < labels.size(); ++i) EXPECT_EQ(test.labels.data<int64_t>()[i], labels[i]) << i;
-  const float* images = test.images.data<float>();
+  for (size_t i = 0; i < labels.size(); ++i) EXPECT_EQ(test[kLabelField].data<int64_t>()[i], labels[i]) << i;
+  const float* images = test[kImageField].data<float>();
   for (size_t i = 0; i < pixels.size(); ++i) ASSERT_EQ(images[i], static_cast<float>(pixels[i]) / 255.0f) << i;
 
   // Every value in [0, 1], both ends reached, and all ten classes present.
   float low = 1, high = 0;
-  for (int64_t i = 0; i < test.images.numel(); ++i) {
+  for (int64_t i = 0; i < test[kImageField].numel(); ++i) {
     low = std::min(low, images[i]);
     high = std::max(high, images[i]);
   }
   EXPECT_EQ(low, 0.0f);
   EXPECT_EQ(high, 1.0f);
   std::vector<int> counts(kFashionMnistClasses, 0);
-  for (int64_t i = 0; i < 10000; ++i) ++counts[static_cast<size_t>(test.labels.data<int64_t>()[i])];
+  for (int64_t i = 0; i < 10000; ++i) ++counts[static_cast<size_t>(test[kLabelField].data<int64_t>()[i])];
   for (int c : counts) EXPECT_EQ(c, 1000);  // the test set is balanced
   EXPECT_STREQ(fashion_mnist_class_names()[9], "Ankle boot");
 }
 
 TEST(FashionMnist, TrainSetStatisticsMatchTheConstantsLong) {
   if (!dataset_installed()) GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
-  const Dataset train = load_fashion_mnist();
-  ASSERT_EQ(train.images.shape(), (Shape{60000, 1, 28, 28}));
+  const TensorDataset train = load_fashion_mnist();
+  ASSERT_EQ(train[kImageField].shape(), (Shape{60000, 1, 28, 28}));
   double sum = 0, sum_sq = 0;
-  const float* p = train.images.data<float>();
-  for (int64_t i = 0; i < train.images.numel(); ++i) {
+  const float* p = train[kImageField].data<float>();
+  for (int64_t i = 0; i < train[kImageField].numel(); ++i) {
     sum += p[i];
     sum_sq += static_cast<double>(p[i]) * p[i];
   }
-  const double n = static_cast<double>(train.images.numel());
+  const double n = static_cast<double>(train[kImageField].numel());
   const double mean = sum / n;
   EXPECT_NEAR(mean, kFashionMnistMean, 1e-6);
   EXPECT_NEAR(std::sqrt(sum_sq / n - mean * mean), kFashionMnistStd, 1e-6);
@@ -99,10 +99,10 @@ TEST(FashionMnist, LoadsUncompressedFilesAndScalesToUnitRange) {
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 13);
   testing::write_bytes(dir.file("train-images-idx3-ubyte"), idx_u8({2, 28, 28}, pixels));
   testing::write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_u8({2}, {4, 7}));
-  const Dataset train = load_fashion_mnist(dir.path(), Split::train);
-  EXPECT_EQ(train.images.shape(), (Shape{2, 1, 28, 28}));
-  EXPECT_EQ(train.labels.to_vector<int64_t>(), (std::vector<int64_t>{4, 7}));
-  const std::vector<float> values = train.images.to_vector<float>();
+  const TensorDataset train = load_fashion_mnist(dir.path(), Split::train);
+  EXPECT_EQ(train[kImageField].shape(), (Shape{2, 1, 28, 28}));
+  EXPECT_EQ(train[kLabelField].to_vector<int64_t>(), (std::vector<int64_t>{4, 7}));
+  const std::vector<float> values = train[kImageField].to_vector<float>();
   for (size_t i = 0; i < pixels.size(); ++i) {
     // Division in double then rounding equals the f32 division (both correctly rounded).
     ASSERT_EQ(values[i], static_cast<float>(pixels[i] / 255.0)) << i;

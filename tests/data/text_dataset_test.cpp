@@ -49,14 +49,14 @@ TEST(TextDataset, BytesRoundTripThroughAFile) {
 TEST(TextDataset, WindowsHoldTheBytesAndTargetsAreTokensShiftedByOne) {
   const std::string text = all_bytes(301);
   const int64_t context = 16;
-  const Dataset d = text_windows(text, context);
+  const TensorDataset d = text_windows(text, context);
   ASSERT_EQ(d.size(), 300 / 16);
-  ASSERT_EQ(d.images.shape(), (Shape{18, 16}));
-  ASSERT_EQ(d.labels.shape(), (Shape{18, 16}));
-  EXPECT_EQ(d.images.dtype(), DType::i64);
-  EXPECT_EQ(d.labels.dtype(), DType::i64);
+  ASSERT_EQ(d[kTokensField].shape(), (Shape{18, 16}));
+  ASSERT_EQ(d[kTargetsField].shape(), (Shape{18, 16}));
+  EXPECT_EQ(d[kTokensField].dtype(), DType::i64);
+  EXPECT_EQ(d[kTargetsField].dtype(), DType::i64);
   for (int64_t i = 0; i < d.size(); ++i) {
-    const std::vector<int64_t> tokens = row(d.images, i), targets = row(d.labels, i);
+    const std::vector<int64_t> tokens = row(d[kTokensField], i), targets = row(d[kTargetsField], i);
     for (int64_t t = 0; t < context; ++t) {
       const auto at = static_cast<size_t>(i * context + t);
       ASSERT_EQ(tokens[static_cast<size_t>(t)], static_cast<unsigned char>(text[at])) << i << "," << t;
@@ -132,16 +132,16 @@ TEST(TextDataset, PlainTextGivesItsLastTenthToValidation) {
 TEST(TextDataset, TrainingWindowsNeverReadValidationText) {
   // Records unique by content, so a validation record inside a training window would show.
   const TextSplits s = split_text(fortunes_text(200));
-  const Dataset train = text_windows(s.train, 8);
+  const TensorDataset train = text_windows(s.train, 8);
   std::string seen;
   for (int64_t i = 0; i < train.size(); ++i)
-    for (int64_t b : row(train.labels, i)) seen += static_cast<char>(b);
+    for (int64_t b : row(train[kTargetsField], i)) seen += static_cast<char>(b);
   for (int i = 9; i < 200; i += 10) EXPECT_EQ(seen.find("fortune " + std::to_string(i) + "\n"), std::string::npos) << i;
   EXPECT_NE(seen.find("fortune 8\n"), std::string::npos);
 }
 
 TEST(TextDataset, LoaderOrderIsTheImageLoadersPermutationPerSeedAndEpoch) {
-  const Dataset windows = text_windows(all_bytes(4001), 10);  // 400 samples
+  const TensorDataset windows = text_windows(all_bytes(4001), 10);  // 400 samples
   DataLoader loader(windows, {.batch_size = 32, .shuffle = true, .seed = 7, .drop_last = false});
   for (int64_t epoch = 0; epoch < 2; ++epoch) {
     std::vector<int64_t> seen;
@@ -150,14 +150,14 @@ TEST(TextDataset, LoaderOrderIsTheImageLoadersPermutationPerSeedAndEpoch) {
       EXPECT_EQ(batch->epoch, epoch);
       EXPECT_EQ(batch->first_position, expected_first);
       expected_first += batch->size();
-      ASSERT_EQ(batch->images.shape(), (Shape{batch->size(), 10}));
-      ASSERT_EQ(batch->labels.shape(), (Shape{batch->size(), 10}));
+      ASSERT_EQ(batch->samples[kTokensField].shape(), (Shape{batch->size(), 10}));
+      ASSERT_EQ(batch->samples[kTargetsField].shape(), (Shape{batch->size(), 10}));
       // Each batch row is the window its global index names, targets shifted by one.
       for (int64_t r = 0; r < batch->size(); ++r) {
         const int64_t sample = batch->indices[static_cast<size_t>(r)];
-        EXPECT_EQ(row(batch->images, r), row(windows.images, sample));
-        EXPECT_EQ(row(batch->labels, r)[0], row(batch->images, r)[1]);
-        EXPECT_EQ(row(batch->labels, r), row(windows.labels, sample));
+        EXPECT_EQ(row(batch->samples[kTokensField], r), row(windows[kTokensField], sample));
+        EXPECT_EQ(row(batch->samples[kTargetsField], r)[0], row(batch->samples[kTokensField], r)[1]);
+        EXPECT_EQ(row(batch->samples[kTargetsField], r), row(windows[kTargetsField], sample));
       }
       seen.insert(seen.end(), batch->indices.begin(), batch->indices.end());
     }
@@ -173,9 +173,9 @@ TEST(TextDataset, ValidationIsReadInOrder) {
   int64_t next_index = 0;
   while (auto batch = loader.next()) {
     for (int64_t i : batch->indices) EXPECT_EQ(i, next_index++);
-    for (int64_t b : batch->images.to_vector<int64_t>()) read += static_cast<char>(b);
-    const std::vector<int64_t> tokens = batch->images.to_vector<int64_t>();
-    const std::vector<int64_t> targets = batch->labels.to_vector<int64_t>();
+    for (int64_t b : batch->samples[kTokensField].to_vector<int64_t>()) read += static_cast<char>(b);
+    const std::vector<int64_t> tokens = batch->samples[kTokensField].to_vector<int64_t>();
+    const std::vector<int64_t> targets = batch->samples[kTargetsField].to_vector<int64_t>();
     for (size_t k = 0; k < targets.size(); ++k) {
       const size_t at = static_cast<size_t>(batch->first_position) * 10 + k;
       ASSERT_EQ(tokens[k], static_cast<unsigned char>(text[at])) << at;
@@ -201,7 +201,7 @@ TEST(TextDataset, EnglishFortunesLoadAndSplit) {
   EXPECT_LT(share, 0.15);
   EXPECT_TRUE(s.train.ends_with("%\n"));
   EXPECT_TRUE(s.validation.ends_with("%\n"));
-  const Dataset train = text_windows(s.train, 256);
+  const TensorDataset train = text_windows(s.train, 256);
   EXPECT_EQ(train.size(), (static_cast<int64_t>(s.train.size()) - 1) / 256);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -31,8 +32,7 @@ struct LoaderPosition {
 };
 
 struct Batch {
-  Tensor images;  // rows of the dataset's images, contiguous
-  Tensor labels;
+  TensorBatch samples;  // the dataset's fields, one row per sample, contiguous
   int64_t epoch = 0;
   int64_t first_position = 0;    // index in the epoch order of the first sample (dropout keys)
   std::vector<int64_t> indices;  // the dataset rows, in batch order
@@ -41,7 +41,10 @@ struct Batch {
 
 class DataLoader {
  public:
-  DataLoader(Dataset dataset, DataLoaderOptions options);
+  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
+  // Over tensors in memory (a TensorDataset of them; copies share the tensors).
+  DataLoader(const TensorDataset& dataset, DataLoaderOptions options);
+  DataLoader(const TensorBatch& fields, DataLoaderOptions options);
 
   // The next batch of the current epoch, or nullopt when the epoch is done; then the
   // position moves to the start of the next epoch, so `while (auto b = loader.next())`
@@ -49,8 +52,8 @@ class DataLoader {
   std::optional<Batch> next();
 
   // The batch of `size` samples starting at `position` in epoch `epoch`'s order (no effect
-  // on the loader's position). Without shuffling it is a view of the dataset, not a copy
-  // (of the loader's one contiguous copy, when the dataset given was a strided view).
+  // on the loader's position). Without shuffling it is the dataset's range() of rows (a
+  // view, for a TensorDataset), else its get() of the epoch order's rows.
   Batch batch_at(int64_t epoch, int64_t position, int64_t size);
 
   LoaderPosition position() const { return position_; }
@@ -63,18 +66,15 @@ class DataLoader {
   int64_t num_samples() const { return n_; }
   int64_t batches_per_epoch() const;
   const DataLoaderOptions& options() const { return options_; }
-  const Dataset& dataset() const { return dataset_; }
+  const Dataset& dataset() const { return *dataset_; }
 
  private:
-  Dataset dataset_;
+  std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
   int64_t n_ = 0;
   LoaderPosition position_;
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 };
-
-// Copies rows[i] of `source` (axis 0, contiguous) into row i of a new contiguous tensor.
-Tensor gather_rows(const Tensor& source, const std::vector<int64_t>& rows);
 
 }  // namespace lockstep

@@ -33,7 +33,7 @@ const std::array<const char*, kFashionMnistClasses>& fashion_mnist_class_names()
   return names;
 }
 
-Dataset load_fashion_mnist(const std::string& dir, Split split) {
+TensorDataset load_fashion_mnist(const std::string& dir, Split split) {
   const std::string prefix = split == Split::train ? "train" : "t10k";
   const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
@@ -52,25 +52,24 @@ Dataset load_fashion_mnist(const std::string& dir, Split split) {
       << "'" << images_path << "' holds " << n << " images but '" << labels_path << "' holds " << raw_labels.size(0)
       << " labels; the two files must come from the same split";
 
-  Dataset dataset;
-  dataset.images = Tensor::empty({n, 1, 28, 28}, DType::f32);
+  const Tensor images = Tensor::empty({n, 1, 28, 28}, DType::f32);
   const uint8_t* pixels = raw_images.data<uint8_t>();
-  float* out = dataset.images.data<float>();
+  float* out = images.data<float>();
   // Division (not multiplication by 1/255) so values match torchvision's ToTensor bit for bit.
   parallel_for(raw_images.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(pixels[i]) / 255.0f;
   });
 
-  dataset.labels = Tensor::empty({n}, DType::i64);
+  const Tensor label_tensor = Tensor::empty({n}, DType::i64);
   const uint8_t* labels = raw_labels.data<uint8_t>();
-  int64_t* label_out = dataset.labels.data<int64_t>();
+  int64_t* label_out = label_tensor.data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     LOCKSTEP_CHECK(labels[i] < kFashionMnistClasses)
         << "'" << labels_path << "': label " << int{labels[i]} << " of sample " << i << " is outside [0, "
         << kFashionMnistClasses << ")";
     label_out[i] = labels[i];
   }
-  return dataset;
+  return TensorDataset{{kImageField, images}, {kLabelField, label_tensor}};
 }
 
 Tensor normalize_images(const Tensor& images, float mean, float std) {

@@ -114,17 +114,15 @@ int64_t text_window_count(int64_t bytes, int64_t context) {
   return (bytes - 1) / context;
 }
 
-Dataset text_windows(const std::string& text, int64_t context) {
+TensorDataset text_windows(const std::string& text, int64_t context) {
   const int64_t n = text_window_count(static_cast<int64_t>(text.size()), context);
   // Only the bytes the windows reach: [0, n*T + 1).
   const int64_t used = n * context + 1;
   Tensor bytes = Tensor::empty({used}, DType::i64);
   int64_t* out = bytes.data<int64_t>();
   for (int64_t i = 0; i < used; ++i) out[i] = static_cast<unsigned char>(text[static_cast<size_t>(i)]);
-  Dataset dataset;
-  dataset.images = bytes.as_strided({n, context}, {context, 1}, 0);
-  dataset.labels = bytes.as_strided({n, context}, {context, 1}, 1);
-  return dataset;
+  return TensorDataset{{kTokensField, bytes.as_strided({n, context}, {context, 1}, 0)},
+                       {kTargetsField, bytes.as_strided({n, context}, {context, 1}, 1)}};
 }
 
 }  // namespace lockstep

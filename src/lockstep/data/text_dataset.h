@@ -2,9 +2,9 @@
 // English fortunes of Debian's `fortunes` package, read as bytes (vocabulary 256, so there is
 // no tokenizer to install), split into train and validation, and cut into fixed windows.
 //
-// The windows come out as an ordinary Dataset, so the DataLoader batches text exactly as it
-// batches images: `images` holds the tokens, i64 [N, T], and `labels` the targets, i64 [N, T]
-// (the tokens shifted by one); each epoch's order is the same epoch_order(N, seed, epoch)
+// The windows come out as an ordinary TensorDataset, so the DataLoader batches text exactly
+// as it batches images: "tokens" holds the windows, i64 [N, T], and "targets" the next
+// bytes, i64 [N, T] (the tokens shifted by one); each epoch's order is the same epoch_order(N, seed, epoch)
 // permutation, batches carry first_position and the global sample indices, and a checkpoint's
 // LoaderPosition resumes them. The validation set is read in order with shuffle = false.
 //
@@ -56,8 +56,10 @@ TextSplits load_text(const std::string& data_path = "");
 // N = (bytes - 1) / T; a text too short for one window is an Error.
 int64_t text_window_count(int64_t bytes, int64_t context);
 
-// The windows as a Dataset (images = tokens, labels = targets, both i64 [N, T]). Both are
-// views of one i64 copy of the text (8 bytes per byte of text), offset by one element.
-Dataset text_windows(const std::string& text, int64_t context);
+// The windows as a dataset of "tokens" and "targets", both i64 [N, T]: views of one i64 copy
+// of the text (8 bytes per byte of text), offset by one element.
+inline constexpr const char* kTokensField = "tokens";
+inline constexpr const char* kTargetsField = "targets";
+TensorDataset text_windows(const std::string& text, int64_t context);
 
 }  // namespace lockstep
