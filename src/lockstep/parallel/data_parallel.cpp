@@ -103,6 +103,7 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
     // Each replica lives on its own device, so memory_stats(cpu:d) is device d's memory.
     const Device device = this->device(d);
     replicas_.back()->to(device);
+    statistics_.emplace_back(*replicas_.back());
     params_.push_back(replicas_.back()->parameters());
     if (!shared_weights_) {
       optimizers_.push_back(make_optimizer(params_.back()));
@@ -244,19 +245,25 @@ void DataParallel::run_device(int device, const TensorBatch& batch, const StepCo
   const int64_t samples = batch.size();
   const int64_t micro = options_.micro_batch;
   const int64_t per_device = samples / devices();
+  StepStatistics& statistics = statistics_[static_cast<size_t>(device)];
+  statistics.discard();
   GradientTree tree;
   for (int64_t first = device * per_device; first < (device + 1) * per_device; first += micro) {
     const Precision precision{options_.precision, scalers_.empty() ? 1.0 : scalers_[device].scale()};
     const Tensor loss =
         run_micro_batch(model, options_.loss, batch, first, micro, samples, context, this->device(device), precision);
-    // The loss rides along as the leaf's last entry, so it is summed in the same order.
+    // Running statistics and the loss ride along as the leaf's last entries, so they are
+    // summed in the same order.
     std::vector<Tensor> leaf = take_grads(params);
+    for (Tensor& entry : statistics.take()) leaf.push_back(std::move(entry));
     leaf.push_back(loss);
     tree.add_leaf(std::move(leaf));
   }
   std::vector<Tensor> sums = tree.finish();
   const Tensor loss_sum = sums.back();
   sums.pop_back();
+  const std::vector<Tensor> statistic_sums(sums.begin() + static_cast<std::ptrdiff_t>(params.size()), sums.end());
+  sums.resize(params.size());
   if (shared_weights_) sums_[static_cast<size_t>(device)] = std::move(sums);  // published by the barrier
   times.compute = seconds_since(start);
 
@@ -267,6 +274,8 @@ void DataParallel::run_device(int device, const TensorBatch& batch, const StepCo
   start = StepClock::now();
   all_reduce_on_host(comm, loss_sum);
   if (device == 0) result.loss = loss_sum.item();
+  for (const Tensor& sum : statistic_sums) all_reduce_on_host(comm, sum);
+  if (!statistic_sums.empty()) statistics.apply(statistic_sums);
   times.communicate = seconds_since(start);
   if (shared_weights_) return step_share(device, times);
   start = StepClock::now();

@@ -29,6 +29,7 @@
 #include "lockstep/parallel/layout.h"
 #include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
+#include "lockstep/parallel/step_statistics.h"
 
 namespace lockstep::parallel {
 
@@ -102,6 +103,7 @@ class DataParallel final : public Layout {
   // Shared weights, per device: the sums of its subtree during a step, which every device
   // reads its share of.
   std::vector<std::vector<Tensor>> sums_;
+  std::vector<StepStatistics> statistics_;  // per device: its replica's running statistics
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
   std::vector<optim::LossScaler> scalers_;  // f16: one per device, all alike
   std::vector<std::shared_ptr<comm::Communicator>> comms_;

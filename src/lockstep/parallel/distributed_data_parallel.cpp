@@ -36,7 +36,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(options),
-      gradients_(model_->parameters(), comm_->size()) {
+      gradients_(model_->parameters(), comm_->size()),
+      statistics_(*model_) {
   check_loss_function("DistributedDataParallel", options.loss);
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
@@ -176,7 +177,9 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
 
   const int64_t micro = options_.micro_batch;
   const Device device = gradients_.params().front().device();  // the samples go where the model is
+  // The loss and the running statistics, leaf by leaf, folded in the same order.
   GradientTree losses;
+  statistics_.discard();
   for (int64_t first = 0; first < local; first += micro) {
     const bool last = first + micro == local;
     if (last) {
@@ -194,7 +197,10 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
         gradients_.params()[i].set_grad_destination(gradients_.view(last_leaf_, i));
     }
     const Precision precision{options_.precision, scaler_ ? scaler_->scale() : 1.0};
-    losses.add_leaf({run_micro_batch(*model_, options_.loss, share, first, micro, batch, context, device, precision)});
+    std::vector<Tensor> leaf = {
+        run_micro_batch(*model_, options_.loss, share, first, micro, batch, context, device, precision)};
+    for (Tensor& entry : statistics_.take()) leaf.push_back(std::move(entry));
+    losses.add_leaf(std::move(leaf));
     if (!last) tree_.add_leaf({gradients_.take_all()});
   }
   // Parameters backward did not reach (unused in this step) count as zeros.
@@ -216,9 +222,15 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   for (const comm::Work& work : works_) work.wait();
   works_.clear();
   tree_.clear();
-  const Tensor loss = losses.finish()[0];
+  const std::vector<Tensor> folded = losses.finish();
+  const Tensor& loss = folded[0];
   comm_->all_reduce(loss);
   result.loss = loss.item();
+  if (folded.size() > 1) {
+    const std::vector<Tensor> statistic_sums(folded.begin() + 1, folded.end());
+    for (const Tensor& sum : statistic_sums) comm_->all_reduce(sum);
+    statistics_.apply(statistic_sums);
+  }
   times.communicate = seconds_since(start);
   if (sharded_) {
     if (options_.zero1) {

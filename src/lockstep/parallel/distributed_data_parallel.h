@@ -35,6 +35,7 @@
 #include "lockstep/parallel/layout.h"
 #include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
+#include "lockstep/parallel/step_statistics.h"
 
 namespace lockstep::parallel {
 
@@ -100,6 +101,7 @@ class DistributedDataParallel final : public Layout {
   std::shared_ptr<comm::Communicator> comm_;
   DistributedDataParallelOptions options_;
   FlatGradients gradients_;
+  StepStatistics statistics_;                    // the model's running statistics
   std::unique_ptr<optim::Optimizer> optimizer_;  // unsharded
   std::unique_ptr<ShardedOptimizer> sharded_;    // zero1, or ranks that share memory
   std::optional<optim::LossScaler> scaler_;      // f16
