@@ -2,6 +2,7 @@
 #pragma once
 
 #include "lockstep/autograd/grad_mode.h"
+#include "lockstep/ops/batch_norm.h"
 #include "lockstep/ops/conv.h"
 #include "lockstep/ops/dropout.h"
 #include "lockstep/ops/elementwise.h"
