@@ -40,20 +40,17 @@ Tensor squared_error(nn::Module& model, const TensorBatch& batch, const parallel
   return square(prediction - batch["y"]);
 }
 
-// n samples of a = U(-1, 1)^8, b = U(-1, 1)^4 and y = sum(a[:4] * b) + a[7].
+// n samples of a = U(-1, 1)^8, b = U(-1, 1)^4 and y = sum(a[:4] * b) + a[7], computed with
+// the library's ops (not a loop here, which a compiler may fuse into multiply-adds
+// differently under other flags, and so make other data).
 TensorBatch synthetic_data(int64_t n, uint64_t seed) {
   Philox rng(seed, 0);
-  std::vector<float> a(static_cast<size_t>(n * 8)), b(static_cast<size_t>(n * 4)), y(static_cast<size_t>(n));
+  std::vector<float> a(static_cast<size_t>(n * 8)), b(static_cast<size_t>(n * 4));
   for (float& v : a) v = 2 * uint_to_unit_float(rng.next_u32()) - 1;
   for (float& v : b) v = 2 * uint_to_unit_float(rng.next_u32()) - 1;
-  for (int64_t i = 0; i < n; ++i) {
-    float sum = a[static_cast<size_t>(8 * i + 7)];
-    for (int64_t k = 0; k < 4; ++k) sum += a[static_cast<size_t>(8 * i + k)] * b[static_cast<size_t>(4 * i + k)];
-    y[static_cast<size_t>(i)] = sum;
-  }
-  return {{"a", Tensor::from_vector(a, {n, 8})},
-          {"b", Tensor::from_vector(b, {n, 4})},
-          {"y", Tensor::from_vector(y, {n, 1})}};
+  const Tensor ta = Tensor::from_vector(a, {n, 8}), tb = Tensor::from_vector(b, {n, 4});
+  const Tensor y = sum(slice(ta, 1, 0, 4) * tb, {1}, /*keepdim=*/true) + slice(ta, 1, 7, 8);
+  return {{"a", ta}, {"b", tb}, {"y", y.contiguous()}};
 }
 
 int main(int argc, char** argv) {

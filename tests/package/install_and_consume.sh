@@ -118,6 +118,11 @@ for source in "$src"/examples/*.cpp; do
     [[ "$last" =~ ^weights_sha256\ [0-9a-f]{64}$ ]] ||
       fail "regression's last line is \"$last\", not weights_sha256 and 64 hex digits"
     echo "   $last"
+    # Built against the package with other flags, the same weights as this build's own copy.
+    if [ -x "$bin/bin/regression" ]; then
+      own=$("$bin/bin/regression" --devices 1 | tail -n 1)
+      [ "$own" = "$last" ] || fail "regression against the installed package ends with \"$last\", this build's own with \"$own\""
+    fi
   fi
 done
 
