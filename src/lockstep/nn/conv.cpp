@@ -4,6 +4,7 @@
 
 #include "lockstep/nn/init.h"
 #include "lockstep/ops/conv.h"
+#include "lockstep/ops/reduce.h"
 
 namespace lockstep::nn {
 
@@ -36,6 +37,19 @@ MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride_, int64_t padding_)
 
 Tensor MaxPool2d::forward(const Tensor& x) {
   return max_pool2d(x, {kernel_size, kernel_size}, {stride, stride}, {padding, padding});
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(int64_t size) : Module("AdaptiveAvgPool2d"), output_size(size) {
+  LOCKSTEP_CHECK(size == 1) << "AdaptiveAvgPool2d(" << size
+                            << "): only output size 1 (global average pooling) is implemented in this version";
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+  LOCKSTEP_CHECK(x.dim() == 4 || x.dim() == 3)
+      << "AdaptiveAvgPool2d: input must be [N, C, H, W] or [C, H, W], got shape " << shape_str(x.shape());
+  LOCKSTEP_CHECK(x.size(-1) > 0 && x.size(-2) > 0)
+      << "AdaptiveAvgPool2d: input " << shape_str(x.shape()) << " has empty planes, which have no average";
+  return mean(x, {-2, -1}, /*keepdim=*/true);
 }
 
 }  // namespace lockstep::nn

@@ -1,6 +1,6 @@
-// 2-D convolution and max pooling over NCHW images, as torch.nn.Conv2d and MaxPool2d
-// (square kernels, equal strides and padding on both axes). Conv2d's weight is
-// [out, in, k, k], initialized U(-1/sqrt(in·k·k), +) like its bias.
+// 2-D convolution and pooling over NCHW images, as torch.nn.Conv2d, MaxPool2d (square
+// kernels, equal strides and padding on both axes) and AdaptiveAvgPool2d (output size 1).
+// Conv2d's weight is [out, in, k, k], initialized U(-1/sqrt(in·k·k), +) like its bias.
 #pragma once
 
 #include "lockstep/nn/module.h"
@@ -26,6 +26,17 @@ class MaxPool2d : public Module {
   Tensor forward(const Tensor& x) override;
 
   const int64_t kernel_size, stride, padding;
+};
+
+// torch.nn.AdaptiveAvgPool2d for output size 1 only (global average pooling, as ResNets end):
+// [N, C, H, W] -> [N, C, 1, 1] (or [C, H, W] -> [C, 1, 1]), the mean of each plane
+// (lockstep::mean over the last two axes, with its backward). Other sizes are an Error.
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(int64_t output_size = 1);
+  Tensor forward(const Tensor& x) override;
+
+  const int64_t output_size;
 };
 
 }  // namespace lockstep::nn

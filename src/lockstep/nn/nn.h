@@ -12,4 +12,5 @@
 #include "lockstep/nn/models.h"
 #include "lockstep/nn/module.h"
 #include "lockstep/nn/normalization.h"
+#include "lockstep/nn/resnet.h"
 #include "lockstep/nn/sequential.h"
