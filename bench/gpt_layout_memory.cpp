@@ -40,7 +40,7 @@
 #include "lockstep/nn/gpt.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/gpt_mesh.h"
-#include "tools/flags.h"
+#include "tools/common/flags.h"
 
 namespace lockstep {
 namespace {

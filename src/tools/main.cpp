@@ -1,11 +1,11 @@
-// The lockstep command: one binary, one file per subcommand.
+// The lockstep command: one binary, one folder per subcommand (train/, run/, top/, doctor/, bench/) and common/.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "lockstep/core/error.h"
-#include "tools/commands.h"
+#include "tools/common/commands.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 
 #include <regex>
 
-#include "tools/command_testing.h"
+#include "tools/common/command_testing.h"
 
 namespace lockstep {
 namespace {

@@ -1,0 +1,377 @@
+// `lockstep bench collectives`: nccl-tests' table for Lockstep's communicators (size,
+// count, type, redop, time, algbw, busbw, #wrong) plus eta, the share of the memory
+// bandwidth bound an all-reduce reaches, and with --compare mpi, MPI's own collectives on
+// the same sizes in the same run. Ranks are threads (--backend local) or processes started
+// with mpirun (--backend shm or mpi; or launched by the user, e.g. with torchrun).
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "lockstep/comm/init.h"
+#include "lockstep/comm/launch_env.h"
+#include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/device.h"
+#include "tools/bench/collective_timing.h"
+#include "tools/common/commands.h"
+#include "tools/common/flags.h"
+
+extern char** environ;
+
+namespace lockstep::tools {
+namespace {
+
+struct Options {
+  std::string minbytes = "4K";
+  std::string maxbytes = "64M";
+  int64_t stepfactor = 2;
+  int64_t iters = 20;
+  int64_t warmup = 5;
+  int64_t check = 1;
+  std::string collective = "all";
+  std::string datatype = "f32";
+  std::string op = "sum";
+  std::string backend = "local";
+  int64_t ranks = 0;
+  std::string compare;
+  bool json = false;
+  std::string update_bytes = "64M";
+  bool mpi_reference_only = false;  // internal: the MPI half of a local run's comparison
+};
+
+struct Row {
+  Collective what = Collective::all_reduce;
+  int64_t bytes = 0;
+  Timing ours;
+  double mpi_seconds = 0;  // 0: not compared
+};
+
+int64_t parse_bytes(const std::string& text, const std::string& flag) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  double scale = 1;
+  const std::string unit = end ? std::string(end) : "";
+  if (unit == "K" || unit == "k") scale = 1024;
+  if (unit == "M" || unit == "m") scale = 1024.0 * 1024;
+  if (unit == "G" || unit == "g") scale = 1024.0 * 1024 * 1024;
+  if (end == text.c_str() || value < 0 || (!unit.empty() && scale == 1)) {
+    throw UsageError("--" + flag + " takes a byte count like 4096, 4K, 256M or 1G; got '" + text + "'");
+  }
+  return static_cast<int64_t>(value * scale);
+}
+
+// nccl-tests' short flags, so its command lines carry over.
+std::vector<std::string> expand_short_flags(const std::vector<std::string>& args) {
+  static const std::map<std::string, std::string> aliases = {
+      {"-b", "--minbytes"}, {"-e", "--maxbytes"}, {"-f", "--stepfactor"}, {"-n", "--iters"}, {"-w", "--warmup_iters"},
+      {"-c", "--check"},    {"-o", "--op"},       {"-d", "--datatype"},   {"-g", "--ranks"}};
+  std::vector<std::string> out;
+  for (const std::string& arg : args) {
+    auto it = aliases.find(arg);
+    out.push_back(it == aliases.end() ? arg : it->second);
+  }
+  return out;
+}
+
+std::vector<Collective> collectives_of(const std::string& list) {
+  if (list == "all") {
+    return {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather, Collective::broadcast};
+  }
+  std::vector<Collective> out;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');) out.push_back(parse_collective(name));
+  return out;
+}
+
+std::vector<int64_t> sizes_of(const Options& o, int ranks) {
+  const int64_t lo = parse_bytes(o.minbytes, "minbytes");
+  const int64_t hi = parse_bytes(o.maxbytes, "maxbytes");
+  if (o.stepfactor < 2) throw UsageError("--stepfactor must be at least 2, got " + std::to_string(o.stepfactor));
+  if (lo > hi) throw UsageError("--minbytes (" + o.minbytes + ") is above --maxbytes (" + o.maxbytes + ")");
+  std::vector<int64_t> sizes;
+  // Sizes divisible by ranks x element, so every rank's slice is whole (as nccl-tests).
+  const int64_t unit = 8 * ranks;
+  for (int64_t s = std::max<int64_t>(lo, 1); s <= hi; s *= o.stepfactor)
+    sizes.push_back(std::max(unit, s / unit * unit));
+  return sizes;
+}
+
+TimingSettings settings_of(const Options& o) {
+  TimingSettings s;
+  s.iters = o.iters;
+  s.warmup = o.warmup;
+  s.check = o.check != 0;
+  s.dtype = parse_dtype(o.datatype);
+  s.op = comm::parse_reduce_op(o.op);
+  return s;
+}
+
+// Every rank runs this; rank 0's rows come back. comm null: MPI's collectives alone (the
+// MPI half of a local run's comparison), with no B_update.
+std::vector<Row> measure(comm::Communicator* comm, const Options& o, int ranks, bool with_mpi, double* update_bw) {
+  const TimingSettings settings = settings_of(o);
+  *update_bw = comm ? update_bandwidth(*comm, parse_bytes(o.update_bytes, "update-bytes"), settings) : 0;
+  std::vector<Row> rows;
+  for (Collective what : collectives_of(o.collective)) {
+    for (int64_t bytes : sizes_of(o, ranks)) {
+      Row row;
+      row.what = what;
+      row.bytes = bytes;
+      if (comm) row.ours = time_collective(*comm, what, bytes, settings);
+      if (with_mpi) row.mpi_seconds = time_mpi_collective(what, bytes, settings);
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+nlohmann::json row_json(const Row& row, const Options& o, int ranks, double update_bw) {
+  const DType dtype = parse_dtype(o.datatype);
+  nlohmann::json j;
+  j["collective"] = collective_label(row.what);
+  j["backend"] = o.backend;
+  j["ranks"] = ranks;
+  j["size"] = row.bytes;
+  j["count"] = row.bytes / static_cast<int64_t>(dtype_size(dtype));
+  j["type"] = dtype_name(dtype);
+  j["redop"] = o.op;
+  if (row.ours.seconds > 0) {
+    const double algbw = static_cast<double>(row.bytes) / row.ours.seconds / 1e9;
+    j["time_us"] = row.ours.seconds * 1e6;
+    j["algbw"] = algbw;
+    j["busbw"] = algbw * bus_factor(row.what, ranks);
+    j["wrong"] = row.ours.wrong;
+    // eta: all_reduce moves N·S bytes in and N·S out, as an in-place update of N·S does.
+    if (row.what == Collective::all_reduce && update_bw > 0) {
+      j["eta"] = static_cast<double>(row.bytes) * ranks / row.ours.seconds / update_bw;
+    }
+  }
+  if (row.mpi_seconds > 0) {
+    j["mpi_time_us"] = row.mpi_seconds * 1e6;
+    j["mpi_busbw"] = static_cast<double>(row.bytes) / row.mpi_seconds / 1e9 * bus_factor(row.what, ranks);
+    if (row.ours.seconds > 0) j["speedup"] = row.mpi_seconds / row.ours.seconds;
+  }
+  return j;
+}
+
+void print_rows(const std::vector<Row>& rows, const Options& o, int ranks, double update_bw) {
+  if (o.json) {
+    for (const Row& row : rows) std::printf("%s\n", row_json(row, o, ranks, update_bw).dump().c_str());
+    std::fflush(stdout);
+    return;
+  }
+  const bool mpi = !o.compare.empty();
+  std::printf("# lockstep bench collectives: backend %s, %d ranks, %s %s, %lld iterations after %lld warm-up\n",
+              o.backend.c_str(), ranks, o.datatype.c_str(), o.op.c_str(), static_cast<long long>(o.iters),
+              static_cast<long long>(o.warmup));
+  std::printf("# B_update (in-place update bandwidth of the same %d ranks, for eta): %.2f GB/s\n#\n", ranks,
+              update_bw / 1e9);
+  std::printf("# %-14s %12s %11s %5s %5s %10s %8s %8s %7s %6s", "collective", "size", "count", "type", "redop",
+              "time(us)", "algbw", "busbw", "#wrong", "eta");
+  if (mpi) std::printf(" %12s %10s %8s", "mpi time(us)", "mpi busbw", "speedup");
+  std::printf("\n");
+  for (const Row& row : rows) {
+    const nlohmann::json j = row_json(row, o, ranks, update_bw);
+    const std::string wrong = row.ours.wrong < 0 ? "-" : std::to_string(row.ours.wrong);
+    char eta[16] = "-";
+    if (j.contains("eta")) std::snprintf(eta, sizeof(eta), "%.2f", j["eta"].get<double>());
+    std::printf("  %-14s %12lld %11lld %5s %5s %10.1f %8.2f %8.2f %7s %6s", collective_label(row.what),
+                static_cast<long long>(row.bytes), static_cast<long long>(j["count"].get<int64_t>()),
+                o.datatype.c_str(), o.op.c_str(), j.value("time_us", 0.0), j.value("algbw", 0.0), j.value("busbw", 0.0),
+                wrong.c_str(), eta);
+    if (mpi) {
+      std::printf(" %12.1f %10.2f %7.2fx", j.value("mpi_time_us", 0.0), j.value("mpi_busbw", 0.0),
+                  j.value("speedup", 0.0));
+    }
+    std::printf("\n");
+  }
+  std::printf(
+      "# algbw = size / time; busbw = algbw x 2(N-1)/N (all_reduce), (N-1)/N (reduce_scatter, "
+      "all_gather), 1 (broadcast); GB/s = 1e9 bytes/s\n");
+  std::fflush(stdout);
+}
+
+// ---- processes: started with mpirun, which both process backends can run under ----
+
+bool inside_launched_job() {
+  return std::getenv("RANK") || std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("PMI_RANK");
+}
+
+// Runs argv with mpirun on `ranks` processes; returns its exit code, and its stdout when
+// capture is set (else it goes to ours).
+int run_under_mpirun(int ranks, const std::vector<std::string>& args, std::string* captured) {
+  std::vector<std::string> argv = {"mpirun", "-np", std::to_string(ranks), "--oversubscribe"};
+  argv.push_back(std::filesystem::read_symlink("/proc/self/exe"));
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  if (geteuid() == 0) {  // OpenMPI refuses root unless told twice
+    env_strings.emplace_back("OMPI_ALLOW_RUN_AS_ROOT=1");
+    env_strings.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
+  }
+  std::vector<char*> argv_c, env_c;
+  for (auto& s : argv) argv_c.push_back(s.data());
+  argv_c.push_back(nullptr);
+  for (auto& s : env_strings) env_c.push_back(s.data());
+  env_c.push_back(nullptr);
+
+  int pipe_fds[2] = {-1, -1};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (captured) {
+    LOCKSTEP_CHECK(pipe(pipe_fds) == 0) << "cannot create a pipe for mpirun's output";
+    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+  }
+  pid_t pid = 0;
+  const int error = posix_spawnp(&pid, "mpirun", &actions, nullptr, argv_c.data(), env_c.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (captured) close(pipe_fds[1]);
+  LOCKSTEP_CHECK(error == 0) << "cannot start mpirun (" << std::strerror(error)
+                             << "): process backends and the MPI comparison start their ranks with it; install "
+                                "openmpi-bin (scripts/install-deps), or launch the ranks yourself (torchrun-style "
+                                "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)";
+  if (captured) {
+    char buffer[4096];
+    for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0;)
+      captured->append(buffer, static_cast<size_t>(n));
+    close(pipe_fds[0]);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<Row> mpi_reference_rows(int ranks, const std::vector<std::string>& args) {
+  std::vector<std::string> child = args;
+  child.insert(child.begin(), "collectives");
+  child.insert(child.begin(), "bench");
+  child.push_back("--mpi-reference-only");
+  child.push_back("--json");
+  std::string output;
+  const int code = run_under_mpirun(ranks, child, &output);
+  LOCKSTEP_CHECK(code == 0) << "the MPI comparison run failed (mpirun exit code " << code << ")";
+  std::vector<Row> rows;
+  std::stringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    Row row;
+    row.what = parse_collective(j["collective"]);
+    row.bytes = j["size"];
+    row.mpi_seconds = j["mpi_time_us"].get<double>() / 1e6;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace
+
+int bench_collectives_main(const std::vector<std::string>& raw_args) {
+  const std::vector<std::string> args = expand_short_flags(raw_args);
+  Options o;
+  Flags flags("lockstep bench collectives",
+              "time collectives like nccl-tests, with eta and an optional MPI comparison");
+  flags.add("minbytes", &o.minbytes, "smallest size (-b), e.g. 4K");
+  flags.add("maxbytes", &o.maxbytes, "largest size (-e), e.g. 256M");
+  flags.add("stepfactor", &o.stepfactor, "size multiplier between rows (-f)");
+  flags.add("iters", &o.iters, "timed calls per size (-n)");
+  flags.add("warmup_iters", &o.warmup, "untimed calls first (-w)");
+  flags.add("check", &o.check, "1: verify the results and count wrong elements (-c)");
+  flags.add("collective", &o.collective, "all_reduce, reduce_scatter, all_gather, broadcast, a list, or all");
+  flags.add("datatype", &o.datatype, "element type (-d): f32, f64, bf16, f16, i32, i64");
+  flags.add("op", &o.op, "reduction (-o): sum, avg, max, min");
+  flags.add("backend", &o.backend, "local (threads), shm (processes of this host) or mpi");
+  flags.add("ranks", &o.ranks, "number of ranks (-g; default: the host's cores)");
+  flags.add("compare", &o.compare, "mpi: also time MPI's collectives on the same sizes");
+  flags.add("update-bytes", &o.update_bytes, "buffer per rank for the B_update measurement");
+  flags.add_switch("json", &o.json, "one JSON object per row instead of the table");
+  flags.add_switch("mpi-reference-only", &o.mpi_reference_only, "(internal) time MPI alone, inside mpirun");
+  if (!flags.parse(args)) return 0;
+  if (o.backend != "local" && o.backend != "shm" && o.backend != "mpi") {
+    throw UsageError("--backend must be local, shm or mpi, got '" + o.backend + "'");
+  }
+  if (!o.compare.empty() && o.compare != "mpi") throw UsageError("--compare takes 'mpi', got '" + o.compare + "'");
+  if ((!o.compare.empty() || o.backend == "mpi") && !mpi_compiled_in()) {
+    throw UsageError("this build has no MPI: install libopenmpi-dev (scripts/install-deps) and rebuild");
+  }
+  const int ranks = static_cast<int>(o.ranks > 0 ? o.ranks : host_cores());
+  // Every setting is checked here, before any rank starts.
+  try {
+    parse_dtype(o.datatype);
+    comm::parse_reduce_op(o.op);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  collectives_of(o.collective);
+  sizes_of(o, ranks);
+  parse_bytes(o.update_bytes, "update-bytes");
+
+  if (o.mpi_reference_only) {
+    const comm::LaunchInfo job = comm::launch_info_from_env();
+    double no_update_bw = 0;
+    const std::vector<Row> rows = measure(nullptr, o, job.world_size, true, &no_update_bw);
+    if (job.rank == 0) print_rows(rows, o, job.world_size, no_update_bw);
+    return 0;
+  }
+
+  if (o.backend == "local") {
+    std::vector<std::shared_ptr<comm::Communicator>> comms = comm::LocalCommunicator::create_group(ranks);
+    std::vector<Row> rows;
+    double update_bw = 0;
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          double bw = 0;
+          std::vector<Row> mine = measure(comms[r].get(), o, ranks, false, &bw);
+          if (r == 0) {
+            rows = std::move(mine);
+            update_bw = bw;
+          }
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const std::exception_ptr& error : errors) {
+      if (error) std::rethrow_exception(error);
+    }
+    if (!o.compare.empty()) {
+      const std::vector<Row> reference = mpi_reference_rows(ranks, raw_args);
+      for (Row& row : rows) {
+        for (const Row& ref : reference) {
+          if (ref.what == row.what && ref.bytes == row.bytes) row.mpi_seconds = ref.mpi_seconds;
+        }
+      }
+    }
+    print_rows(rows, o, ranks, update_bw);
+    return 0;
+  }
+
+  if (!inside_launched_job()) {
+    std::vector<std::string> child = raw_args;
+    child.insert(child.begin(), {"bench", "collectives"});
+    return run_under_mpirun(ranks, child, nullptr);
+  }
+  std::shared_ptr<comm::Communicator> comm = comm::init_process_group(o.backend);
+  double update_bw = 0;
+  const std::vector<Row> rows = measure(comm.get(), o, comm->size(), !o.compare.empty(), &update_bw);
+  if (comm->rank() == 0) print_rows(rows, o, comm->size(), update_bw);
+  return 0;
+}
+
+}  // namespace lockstep::tools

@@ -1,0 +1,61 @@
+// The parts the rules share: status names, byte formatting, the driver table, and the
+// order and selection of the rules.
+#include "tools/doctor/doctor_checks.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace lockstep::tools {
+
+const char* to_string(Status status) {
+  switch (status) {
+    case Status::kPass:
+      return "PASS";
+    case Status::kInfo:
+      return "INFO";
+    case Status::kWarn:
+      return "WARN";
+    case Status::kFail:
+      return "FAIL";
+  }
+  return "?";
+}
+
+// NVIDIA's CUDA compatibility guide (minor-version compatibility table, Linux x86_64):
+// any 11.x runs on 450.80.02 or newer, any 12.x on 525.60.13, any 13.x on 580.
+std::string minimum_driver_for_cuda_major(int major) {
+  switch (major) {
+    case 11:
+      return "450.80.02";
+    case 12:
+      return "525.60.13";
+    case 13:
+      return "580";
+    default:
+      return "";
+  }
+}
+
+std::vector<Check> run_checks(const DoctorInput& in) {
+  std::vector<Check> checks = {check_nvml(in), check_gpus_seen(in), check_driver_vs_cuda_runtime(in),
+                               check_driver_vs_nccl(in)};
+  if (in.gpus.loaded() && !in.gpus.devices.empty()) {
+    for (auto rule : {check_visible_devices, check_other_processes, check_ecc, check_retired_pages, check_throttling,
+                      check_persistence, check_topology}) {
+      checks.push_back(rule(in));
+    }
+  }
+  for (auto rule : {check_shm, check_memlock, check_cores, check_mpi}) checks.push_back(rule(in));
+  return checks;
+}
+
+int exit_code(const std::vector<Check>& checks) {
+  int code = 0;
+  for (const Check& check : checks) {
+    if (check.status == Status::kFail) code = 2;
+    if (check.status == Status::kWarn) code = std::max(code, 1);
+  }
+  return code;
+}
+
+}  // namespace lockstep::tools

@@ -1,0 +1,191 @@
+#include "tools/run/worker_group.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "lockstep/core/error.h"
+
+extern char** environ;
+
+namespace lockstep::tools {
+namespace {
+
+constexpr size_t kTailLines = 20;
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+std::string WorkerExit::describe() const {
+  if (signal != 0) return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  return "exit code " + std::to_string(exit_code);
+}
+
+WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs) : workers_(specs.size()) {
+  const pid_t launcher = getpid();
+  for (size_t r = 0; r < specs.size(); ++r) {
+    const WorkerSpec& spec = specs[r];
+    Worker& w = workers_[r];
+    w.exit.rank = static_cast<int>(r);
+    w.log = std::fopen(spec.log_path.c_str(), "we");  // e: not inherited by the workers
+    LOCKSTEP_CHECK(w.log != nullptr) << "cannot write the log " << spec.log_path << ": " << std::strerror(errno);
+    int fds[2];
+    LOCKSTEP_CHECK(pipe2(fds, O_CLOEXEC) == 0) << "pipe: " << std::strerror(errno);
+    // Everything the child needs is built before fork: only async-signal-safe calls after it.
+    std::map<std::string, std::string> vars;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const size_t eq = entry.find('=');
+      if (eq != std::string::npos) vars[entry.substr(0, eq)] = entry.substr(eq + 1);
+    }
+    for (const auto& [k, v] : spec.env) vars[k] = v;
+    std::vector<std::string> entries;
+    for (const auto& [k, v] : vars) entries.push_back(k + "=" + v);
+    std::vector<char*> envp, argv;
+    for (std::string& s : entries) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> command = spec.command;
+    for (std::string& s : command) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    const pid_t pid = fork();
+    LOCKSTEP_CHECK(pid >= 0) << "fork: " << std::strerror(errno);
+    if (pid == 0) {
+      setpgid(0, 0);  // its own group: stopping the rank stops what it started
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(127);  // the launcher died before prctl
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      execvpe(argv[0], argv.data(), envp.data());
+      const char* what = "lockstep run: cannot start the command: ";
+      (void)!write(STDERR_FILENO, what, std::strlen(what));
+      (void)!write(STDERR_FILENO, argv[0], std::strlen(argv[0]));
+      (void)!write(STDERR_FILENO, "\n", 1);
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also from this side, so it holds before the child runs
+    close(fds[1]);
+    w.pid = pid;
+    w.fd = fds[0];
+  }
+}
+
+WorkerGroup::~WorkerGroup() {
+  signal_all(SIGKILL);
+  for (Worker& w : workers_) {
+    if (w.running && w.pid > 0) waitpid(w.pid, nullptr, 0);
+    if (w.fd >= 0) close(w.fd);
+    if (w.log != nullptr) std::fclose(w.log);
+  }
+}
+
+void WorkerGroup::relay(Worker& w, int rank, const char* data, size_t n) {
+  std::fwrite(data, 1, n, w.log);
+  w.partial.append(data, n);
+  size_t start = 0;
+  for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string line = w.partial.substr(start, nl - start);
+    std::printf("[rank %d] %s\n", rank, line.c_str());
+    w.tail.push_back(line);
+    if (w.tail.size() > kTailLines) w.tail.pop_front();
+  }
+  w.partial.erase(0, start);
+  std::fflush(stdout);
+}
+
+void WorkerGroup::flush_partial(Worker& w, int rank) {
+  if (w.partial.empty()) return;
+  relay(w, rank, "\n", 1);
+}
+
+int64_t WorkerGroup::pump(int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<size_t> owners;
+  for (size_t r = 0; r < workers_.size(); ++r) {
+    if (workers_[r].fd < 0) continue;
+    fds.push_back({workers_[r].fd, POLLIN, 0});
+    owners.push_back(r);
+  }
+  if (fds.empty()) return -1;
+  if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return 0;  // timeout or a signal
+  int64_t total = 0;
+  char buffer[65536];
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    Worker& w = workers_[owners[i]];
+    const ssize_t n = read(w.fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      relay(w, static_cast<int>(owners[i]), buffer, static_cast<size_t>(n));
+      total += n;
+    } else if (n == 0 || errno != EINTR) {
+      flush_partial(w, static_cast<int>(owners[i]));
+      std::fflush(w.log);
+      close(w.fd);
+      w.fd = -1;
+    }
+  }
+  return total;
+}
+
+void WorkerGroup::reap(WorkerExit& first) {
+  for (Worker& w : workers_) {
+    if (!w.running) continue;
+    int status = 0;
+    if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    w.running = false;
+    if (WIFEXITED(status)) w.exit.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) w.exit.signal = WTERMSIG(status);
+    if (!w.exit.ok() && first.rank < 0) first = w.exit;
+  }
+}
+
+void WorkerGroup::signal_all(int signal) {
+  for (const Worker& w : workers_) {
+    if (w.running && w.pid > 0) kill(-w.pid, signal);  // the whole process group
+  }
+}
+
+WorkerExit WorkerGroup::run(const volatile bool& interrupted, const volatile int& stop_signal,
+                            std::chrono::milliseconds grace) {
+  WorkerExit first;
+  auto any_running = [&] {
+    for (const Worker& w : workers_)
+      if (w.running) return true;
+    return false;
+  };
+  bool stopping = false;
+  Clock::time_point kill_at{};
+  while (any_running()) {
+    pump(50);
+    reap(first);
+    if (!stopping && (first.rank >= 0 || interrupted)) {
+      // One failed (or the launcher was told to stop): the others stop too.
+      stopping = true;
+      signal_all(interrupted ? stop_signal : SIGTERM);
+      kill_at = Clock::now() + grace;
+    }
+    if (stopping && Clock::now() >= kill_at) signal_all(SIGKILL);
+  }
+  // What the workers printed last; a pipe something they started still holds open does not
+  // keep the launcher waiting.
+  while (pump(20) > 0) {
+  }
+  for (Worker& w : workers_) flush_partial(w, w.exit.rank);
+  return first;
+}
+
+std::vector<std::string> WorkerGroup::last_lines(int rank) const {
+  const std::deque<std::string>& tail = workers_.at(static_cast<size_t>(rank)).tail;
+  return {tail.begin(), tail.end()};
+}
+
+}  // namespace lockstep::tools

@@ -1,0 +1,23 @@
+// The alerts `lockstep top` raises in its view and its log: a job whose GPUs are far apart
+// in utilization (load imbalance), memory nearly full, thermal or power throttling.
+//
+// "One job" is every GPU holding a process with the same user and the same command line
+// (the workers that torchrun, mpirun or `lockstep run` start share their command). Processes
+// from another PID namespace have no known command and join no job.
+#pragma once
+
+#include <vector>
+
+#include "lockstep/gpu/gpu_state.h"
+#include "tools/top/top_sample.h"
+
+namespace lockstep::tools {
+
+struct AlertRules {
+  double memory_fraction = 0.95;   // memory used / total above this alerts
+  unsigned imbalance_points = 30;  // max - min utilization of one job's GPUs, at or above this alerts
+};
+
+std::vector<Alert> find_alerts(const gpu::GpuState& state, const AlertRules& rules = {});
+
+}  // namespace lockstep::tools

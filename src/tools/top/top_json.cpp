@@ -1,0 +1,75 @@
+#include "tools/top/top_json.h"
+
+#include "tools/top/top_lines.h"
+
+namespace lockstep::tools {
+namespace {
+
+template <typename T>
+nlohmann::json or_null(const std::optional<T>& value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
+
+nlohmann::json watts(const std::optional<unsigned>& milliwatts) {
+  return milliwatts ? nlohmann::json(*milliwatts / 1000.0) : nlohmann::json(nullptr);
+}
+
+nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned> cuda_index) {
+  nlohmann::json processes = nlohmann::json::array();
+  for (const gpu::GpuProcess& p : device.processes) {
+    nlohmann::json process = {{"pid", p.pid}, {"used_bytes", or_null(p.used_bytes)}};
+    process["in_this_namespace"] = p.in_this_namespace;
+    if (p.in_this_namespace) {
+      process["user"] = p.user;
+      process["command"] = p.command;
+    }
+    processes.push_back(process);
+  }
+  return {{"index", device.index},
+          {"cuda_index", or_null(cuda_index)},
+          {"name", device.name},
+          {"uuid", device.uuid},
+          {"pci_bus_id", device.pci_bus_id},
+          {"utilization_gpu", or_null(device.utilization_gpu)},
+          {"utilization_memory", or_null(device.utilization_memory)},
+          {"memory_used", device.memory_used},
+          {"memory_total", device.memory_total},
+          {"memory_reserved", device.memory_reserved},
+          {"temperature_c", or_null(device.temperature_c)},
+          {"power_w", watts(device.power_mw)},
+          {"power_limit_w", watts(device.power_limit_mw)},
+          {"sm_clock_mhz", or_null(device.sm_clock_mhz)},
+          {"throttle_reasons", device.throttle_reasons
+                                   ? nlohmann::json(gpu::throttle_reason_names(*device.throttle_reasons))
+                                   : nlohmann::json(nullptr)},
+          {"processes", processes},
+          {"unavailable", device.unavailable}};
+}
+
+}  // namespace
+
+nlohmann::json sample_json(const TopSample& sample) {
+  nlohmann::json out = {{"time", utc_timestamp(sample.taken)}};
+  if (sample.shows_gpus()) {
+    out["driver_version"] = sample.gpus.driver_version;
+    out["cuda_driver_version"] = sample.gpus.cuda_driver_version;
+    out["nvml_library"] = sample.gpus.library_path;
+    if (!sample.order_warning.empty()) out["order_warning"] = sample.order_warning;
+    nlohmann::json gpus = nlohmann::json::array();
+    for (size_t i = 0; i < sample.gpus.devices.size(); ++i)
+      gpus.push_back(device_json(sample.gpus.devices[i], sample.cuda_index_of(i)));
+    out["gpus"] = gpus;
+  } else {
+    out["no_gpu"] = cpu_view_reason(sample);
+    out["cpu"] = {{"core_utilization", sample.cpu.core_utilization},
+                  {"memory_used", sample.cpu.memory.used()},
+                  {"memory_total", sample.cpu.memory.total}};
+  }
+  nlohmann::json alerts = nlohmann::json::array();
+  for (const Alert& alert : sample.alerts)
+    alerts.push_back({{"kind", alert.kind}, {"devices", alert.devices}, {"message", alert.message}});
+  out["alerts"] = alerts;
+  return out;
+}
+
+}  // namespace lockstep::tools

@@ -1,0 +1,40 @@
+// One sample of `lockstep top`: the GPUs as NVML read them or, on a host without NVML, the
+// CPU cores and memory, with the alerts they raise. Every output (the full-screen view,
+// plain lines, JSON, the log, the Prometheus page) renders this one value, so each can be
+// tested with samples built by hand.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockstep/gpu/gpu_state.h"
+#include "tools/top/cpu_usage.h"
+
+namespace lockstep::tools {
+
+struct Alert {
+  std::string kind;               // "imbalance", "memory", "thermal", "power"
+  std::vector<unsigned> devices;  // NVML indexes
+  std::string message;            // one line a person reads
+};
+
+struct TopSample {
+  std::chrono::system_clock::time_point taken;
+  gpu::GpuState gpus;
+  // Where CUDA numbers each GPU (by position in gpus.devices), when known; and a line that
+  // says so where CUDA's order differs from NVML's.
+  std::vector<std::optional<unsigned>> cuda_index;
+  std::string order_warning;
+  CpuSample cpu;                   // the view when there is no GPU to show
+  std::string nvml_library_tried;  // the file NVML was looked for in, for the no-GPU line
+  std::vector<Alert> alerts;
+
+  bool shows_gpus() const { return gpus.loaded() && !gpus.devices.empty(); }
+  std::optional<unsigned> cuda_index_of(size_t position) const {
+    return position < cuda_index.size() ? cuda_index[position] : std::nullopt;
+  }
+};
+
+}  // namespace lockstep::tools

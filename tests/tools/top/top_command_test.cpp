@@ -1,0 +1,162 @@
+// `lockstep top` as a user runs it into a pipe: the CPU view on a host without NVML, the
+// GPU view through the stand-in NVML profiles, --json, --log, --serve, and bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tools/common/command_testing.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace command_testing;
+
+const std::string kWithoutNvml = "env " + kNoNvml + " ";
+
+Result top(const std::string& env, const std::string& arguments) {
+  return run_shell(env + kBinary + " top " + arguments + " </dev/null");
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+size_t online_cores() { return static_cast<size_t>(sysconf(_SC_NPROCESSORS_ONLN)); }
+
+TEST(TopCommand, OnceWithoutNvmlShowsTheCpuCoresAndSaysWhy) {
+  const Result r = top(kWithoutNvml, "--once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no NVIDIA driver found (/nonexistent/libnvidia-ml.so.1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\ncpu0 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\ncpu" + std::to_string(online_cores() - 1) + " "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nmemory "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << "escape codes in plain output";
+}
+
+TEST(TopCommand, JsonCountTwoPrintsTwoObjectsOneLineEach) {
+  const Result r = top(kWithoutNvml, "--json --count 2 -l 0.1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  for (const std::string& line : lines) {
+    const auto json = nlohmann::json::parse(line);
+    EXPECT_EQ(json["cpu"]["core_utilization"].size(), online_cores());
+    EXPECT_GT(json["cpu"]["memory_total"].get<uint64_t>(), 0u);
+    EXPECT_TRUE(json["alerts"].is_array());
+  }
+}
+
+TEST(TopCommand, LogsEverySampleBesideThePlainOutput) {
+  const fs::path path = fs::temp_directory_path() / ("lockstep-top-command-" + std::to_string(getpid()) + ".csv");
+  fs::remove(path);
+  const Result r = top(kWithoutNvml, "--count 2 -l 0.1 --log " + path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\ncpu0 "), std::string::npos) << r.output;
+  std::ifstream in(path);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  fs::remove(path);
+  // The header, then per sample the host row and one per core.
+  ASSERT_EQ(rows.size(), 1 + 2 * (1 + online_cores()));
+  EXPECT_EQ(rows[0].rfind("time,device,", 0), 0u);
+  EXPECT_NE(rows[1].find(",cpu,"), std::string::npos) << rows[1];
+}
+
+TEST(TopCommand, BadInputIsAUsageErrorThatSaysWhatIsWrong) {
+  struct Case {
+    std::string arguments, message;
+  };
+  for (const Case& c : {Case{"-l 0", "more than 0 seconds"}, Case{"-l -1", "more than 0 seconds"},
+                        Case{"-l soon", "--interval expects a number"}, Case{"--bogus", "unknown option --bogus"},
+                        Case{"--log samples.txt", "must end in .csv or .jsonl"},
+                        Case{"--count -2", "--count must be 0"}, Case{"--serve 9400", "expected :PORT or HOST:PORT"}}) {
+    const Result r = top(kWithoutNvml, c.arguments);
+    EXPECT_EQ(r.exit_code, 2) << c.arguments << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.arguments << "\n" << r.output;
+  }
+}
+
+TEST(TopCommand, ServeOnAPortInUseNamesThePort) {
+  BusyPort busy;
+  const int port = busy.port();
+  ASSERT_GT(port, 0);
+  const Result r = top(kWithoutNvml, "--once --serve 127.0.0.1:" + std::to_string(port));
+  busy.close();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("port " + std::to_string(port) + " is in use"), std::string::npos) << r.output;
+}
+
+#if defined(LOCKSTEP_NVML_STANDIN)
+std::string standin(const std::string& profile) {
+  return std::string("env LOCKSTEP_NVML_LIBRARY=") + LOCKSTEP_NVML_STANDIN +
+         " LOCKSTEP_NVML_PROFILE=" + LOCKSTEP_NVML_PROFILES + "/" + profile + " ";
+}
+
+TEST(TopCommand, OnceOnEightA100sShowsEveryGpu) {
+  const Result r = top(standin("a100-8x-nvlink.json"), "--once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("GPU CUDA NAME"), std::string::npos) << r.output;
+  for (int i = 0; i < 8; ++i) {
+    const std::string row = "\n  " + std::to_string(i) + " ";
+    EXPECT_NE(r.output.find(row), std::string::npos) << "GPU " << i << "\n" << r.output;
+  }
+  EXPECT_NE(r.output.find("A100"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("no NVIDIA driver"), std::string::npos) << r.output;
+}
+
+TEST(TopCommand, JsonOnTheStandinMatchesTheProfile) {
+  const Result r = top(standin("a100-8x-nvlink.json"), "--json --count 2 -l 0.05");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  std::ifstream in(std::string(LOCKSTEP_NVML_PROFILES) + "/a100-8x-nvlink.json");
+  const auto profile = nlohmann::json::parse(in);
+  const auto json = nlohmann::json::parse(lines[0]);
+  ASSERT_EQ(json["gpus"].size(), 8u);
+  EXPECT_NE(json["gpus"][0]["name"].get<std::string>().find("A100"), std::string::npos);
+  EXPECT_NE(profile.dump().find(json["gpus"][3]["uuid"].get<std::string>()), std::string::npos)
+      << "uuid not from the profile";
+}
+
+TEST(TopCommand, ShowsCudasIndexBesideNvmlsUnderCudaVisibleDevices) {
+  // CUDA numbers the GPUs CUDA_VISIBLE_DEVICES names in its order; the others get none.
+  const Result r = top(standin("h100-8x.json") + "CUDA_VISIBLE_DEVICES=3,1 ", "--once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n  3    0 NVIDIA H100"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  1    1 NVIDIA H100"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  0    - NVIDIA H100"), std::string::npos) << r.output;
+}
+
+TEST(TopCommand, SharedServerShowsOtherUsersProcesses) {
+  const Result r = top(standin("shared-server.json"), "--once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pid "), std::string::npos) << r.output;
+}
+
+TEST(TopCommand, ThrottlingGpuRaisesAnAlert) {
+  const Result r = top(standin("ecc-throttle.json"), "--once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ALERT GPU"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("thermal throttling"), std::string::npos) << r.output;
+}
+
+TEST(TopCommand, AFailingNvmlCallBlanksItsColumnAndSaysWhy) {
+  // The profile's power call fails everywhere and GPU 1's memory call fails: top still runs.
+  const Result r = top(standin("failing-call.json"), "--once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("unavailable: nvmlDeviceGetPowerUsage: Unknown Error"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("unavailable: nvmlDeviceGetMemoryInfo_v2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("- / 70 W"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("0 / 0 MiB"), std::string::npos) << r.output;
+}
+#endif
+
+}  // namespace
+}  // namespace lockstep

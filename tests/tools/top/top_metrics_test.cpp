@@ -1,0 +1,116 @@
+// The Prometheus page under dcgm-exporter's names, labels and units, and the HTTP server
+// that serves it, asked over a real socket.
+#include "tools/top/top_metrics.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "lockstep/core/error.h"
+#include "tools/top/top_testing.h"
+
+namespace lockstep::tools {
+namespace {
+
+const char* kLabels0 =
+    "{gpu=\"0\",UUID=\"GPU-00000000\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\","
+    "modelName=\"NVIDIA A100-SXM4-80GB\",Hostname=\"node1\"}";
+
+TEST(TopMetrics, UsesDcgmExportersNamesLabelsAndUnits) {
+  TopSample sample = top_testing::two_gpu_sample();
+  sample.gpus.devices[0].throttle_reasons = gpu::kThrottleSwPowerCap | gpu::kThrottleHwThermalSlowdown;
+  const std::string text = prometheus_text(sample, "node1");
+  const auto has = [&](const std::string& line) {
+    EXPECT_NE(text.find("\n" + line + "\n"), std::string::npos) << "missing: " << line << "\n" << text;
+  };
+  has("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).");
+  has("# TYPE DCGM_FI_DEV_GPU_UTIL gauge");
+  has(std::string("DCGM_FI_DEV_GPU_UTIL") + kLabels0 + " 97");
+  has(std::string("DCGM_FI_DEV_MEM_COPY_UTIL") + kLabels0 + " 45");
+  // Framebuffer in MiB: used 71234; free = 81920 - 512 reserved - 71234.
+  has(std::string("DCGM_FI_DEV_FB_USED") + kLabels0 + " 71234");
+  has(std::string("DCGM_FI_DEV_FB_FREE") + kLabels0 + " 10174");
+  has(std::string("DCGM_FI_DEV_GPU_TEMP") + kLabels0 + " 64");
+  has(std::string("DCGM_FI_DEV_POWER_USAGE") + kLabels0 + " 312.400");  // watts
+  has(std::string("DCGM_FI_DEV_SM_CLOCK") + kLabels0 + " 1410");
+  has(std::string("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") + kLabels0 + " 68");  // 0x4 | 0x40
+  EXPECT_NE(text.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-00000001\""), std::string::npos);
+  EXPECT_EQ(text.rfind("# HELP DCGM_FI_DEV_SM_CLOCK ", 0), 0u) << text;
+}
+
+TEST(TopMetrics, LeavesOutReadingsNvmlCouldNotGiveAndEscapesLabels) {
+  TopSample sample = top_testing::two_gpu_sample();
+  sample.gpus.devices[0].power_mw.reset();
+  sample.gpus.devices[0].name = "GPU \"quoted\" \\ name";
+  const std::string text = prometheus_text(sample, "node1");
+  EXPECT_EQ(text.find("DCGM_FI_DEV_POWER_USAGE{gpu=\"0\""), std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_POWER_USAGE{gpu=\"1\""), std::string::npos);
+  EXPECT_NE(text.find("modelName=\"GPU \\\"quoted\\\" \\\\ name\""), std::string::npos) << text;
+}
+
+TEST(TopMetrics, CpuViewServesCoreAndHostMemoryMetrics) {
+  const std::string text = prometheus_text(top_testing::cpu_sample(), "node1");
+  EXPECT_NE(text.find("\nlockstep_cpu_core_utilization{core=\"1\",Hostname=\"node1\"} 100.0\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\nlockstep_host_memory_used{Hostname=\"node1\"} 12288\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("DCGM_"), std::string::npos);
+}
+
+TEST(TopMetrics, ListenAddressForms) {
+  EXPECT_EQ(parse_listen_address(":9400").port, 9400);
+  EXPECT_EQ(parse_listen_address(":9400").host, "");
+  EXPECT_EQ(parse_listen_address("127.0.0.1:80").host, "127.0.0.1");
+  for (const char* bad : {"9400", ":", ":http", ":70000", "host:-1"})
+    EXPECT_THROW(parse_listen_address(bad), UsageError) << bad;
+}
+
+// One HTTP/1.1 request to 127.0.0.1:port; the whole response.
+std::string http_get(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n";
+  (void)!send(fd, request.data(), request.size(), 0);
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, static_cast<size_t>(n));
+  close(fd);
+  return response;
+}
+
+TEST(TopMetricsServer, ServesTheLatestMetricsAndNothingElse) {
+  MetricsServer server(parse_listen_address("127.0.0.1:0"));
+  ASSERT_GT(server.port(), 0);
+  server.set_metrics("first 1\n");
+  server.set_metrics("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 97\n");
+  const std::string ok = http_get(server.port(), "/metrics");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_NE(ok.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << ok;
+  EXPECT_NE(ok.find("Content-Length: 33\r\n"), std::string::npos) << ok;
+  EXPECT_EQ(ok.substr(ok.find("\r\n\r\n") + 4), "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 97\n");
+  const std::string missing = http_get(server.port(), "/");
+  EXPECT_EQ(missing.rfind("HTTP/1.1 404 Not Found\r\n", 0), 0u) << missing;
+  EXPECT_EQ(http_get(server.port(), "/metrics?x=1").rfind("HTTP/1.1 200", 0), 0u);
+}
+
+TEST(TopMetricsServer, APortInUseIsAnErrorNamingIt) {
+  MetricsServer first(parse_listen_address("127.0.0.1:0"));
+  try {
+    MetricsServer second(parse_listen_address("127.0.0.1:" + std::to_string(first.port())));
+    FAIL() << "a second server took port " << first.port();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("port " + std::to_string(first.port()) + " is in use"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::tools

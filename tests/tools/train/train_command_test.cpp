@@ -1,0 +1,379 @@
+// `lockstep train` as a user runs it: the binary, a small dataset written here, and the
+// files it leaves behind.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "comm/process_launcher.h"
+#include "lockstep/core/philox.h"
+#include "lockstep/io/checkpoint.h"
+#include "lockstep/io/safetensors.h"
+#include "tools/common/command_testing.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace command_testing;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+void write_gz(const fs::path& path, const std::string& bytes) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  ASSERT_NE(file, nullptr);
+  ASSERT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  gzclose(file);
+}
+
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+// A small Fashion-MNIST look-alike: class c images are bright in row band c, so a model can
+// learn it in a few steps.
+void write_dataset(const fs::path& dir, const std::string& prefix, uint32_t n, uint64_t seed) {
+  fs::create_directories(dir);
+  std::string images = std::string("\0\0\x08\x03", 4) + be32(n) + be32(28) + be32(28);
+  std::string labels = std::string("\0\0\x08\x01", 4) + be32(n);
+  Philox rng(seed, 1);
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto label = static_cast<uint8_t>(rng.next_below(10));
+    labels.push_back(static_cast<char>(label));
+    for (int p = 0; p < 28 * 28; ++p) {
+      const bool band = p / 28 / 3 == label;
+      images.push_back(static_cast<char>(band ? 200 + rng.next_below(56) : rng.next_below(40)));
+    }
+  }
+  write_gz(dir / (prefix + "-images-idx3-ubyte.gz"), images);
+  write_gz(dir / (prefix + "-labels-idx1-ubyte.gz"), labels);
+}
+
+class TrainCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("lockstep-train-test-" + std::to_string(getpid()) + "-" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    data_ = root_ / "data";
+    write_dataset(data_, "train", 256, 1);
+    write_dataset(data_, "t10k", 100, 2);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string base(const std::string& model = "mlp") const {
+    return "train --quiet --threads 1 --model " + model + " --data " + data_.string() + " --batch-size 32";
+  }
+  nlohmann::json summary(const fs::path& out) const {
+    std::ifstream in(out / "summary.json");
+    return nlohmann::json::parse(in);
+  }
+
+  fs::path root_, data_;
+};
+
+TEST_F(TrainCommand, WritesSummaryMetricsAndCheckpoint) {
+  const Result r = run(base() + " --steps 12 --log-every 4 --out " + (root_ / "a").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
+  const nlohmann::json s = summary(root_ / "a");
+  EXPECT_EQ(s["steps"], 12);
+  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);  // the bands are easy to tell apart
+  EXPECT_GT(s["peak_memory_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(s["weights_sha256"].get<std::string>().size(), 64u);
+  std::ifstream metrics(root_ / "a" / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    const auto object = nlohmann::json::parse(line);
+    EXPECT_EQ(object["step"], 4 * (lines + 1));
+    EXPECT_TRUE(object["memory"].contains("cpu:0"));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_TRUE(fs::exists(root_ / "a" / "checkpoint.safetensors"));
+}
+
+// Stopping after 5 steps and resuming to 12 (crossing an epoch: 8 batches per epoch) gives
+// the same weights, bit for bit, as 12 steps in one go. The cosine schedule is given its
+// length, as a run interrupted by a crash would have had it.
+TEST_F(TrainCommand, ResumeContinuesBitExactly) {
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    const std::string flags = base() + " --lr-schedule cosine:total=12 --optimizer " + optimizer;
+    ASSERT_EQ(run(flags + " --steps 12 --out " + (root_ / "whole").string()).exit_code, 0);
+    ASSERT_EQ(run(flags + " --steps 5 --out " + (root_ / "split").string()).exit_code, 0);
+    const Result resumed = run(flags + " --steps 12 --resume " + (root_ / "split").string());
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]) << optimizer;
+    EXPECT_EQ(summary(root_ / "split")["steps"], 12);
+  }
+}
+
+// The step is a tree: for a fixed (seed, batch, micro-batch), 1, 2 and 4 devices, and one
+// device with two threads, end with the same weights, bit for bit, for both models (the
+// CNN with dropout, whose masks are keyed by sample).
+TEST_F(TrainCommand, SameWeightsOnOneTwoAndFourDevices) {
+  for (const std::string model : {"mlp", "cnn"}) {
+    const std::string flags = base(model) + " --steps 4 --micro-batch 8";
+    std::string first;
+    int index = 0;
+    for (const std::string layout : {"--devices 1", "--devices 2", "--devices 4", "--devices 1 --threads 2"}) {
+      const fs::path out = root_ / (model + "-" + std::to_string(index++));
+      const Result r = run(flags + " " + layout + " --out " + out.string());
+      ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
+      const nlohmann::json s = summary(out);
+      if (first.empty()) first = s["weights_sha256"];
+      EXPECT_EQ(s["weights_sha256"], first) << model << " " << layout;
+      EXPECT_EQ(s["micro_batch"], 8);
+      EXPECT_EQ(s["accumulation_steps"].get<int64_t>() * static_cast<int64_t>(s["devices"].size()), 4) << layout;
+    }
+  }
+}
+
+// A run checkpointed on 2 devices and resumed on 4 (crossing an epoch) ends with the
+// weights of an uninterrupted run on 1.
+TEST_F(TrainCommand, ResumesOnAnotherDeviceCountBitExactly) {
+  const std::string flags = base() + " --lr-schedule cosine:total=12 --micro-batch 8";
+  ASSERT_EQ(run(flags + " --devices 1 --steps 12 --out " + (root_ / "whole").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --devices 2 --steps 5 --out " + (root_ / "split").string()).exit_code, 0);
+  const Result resumed =
+      run(base() + " --lr-schedule cosine:total=12 --devices 4 --steps 12 --resume " + (root_ / "split").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(summary(root_ / "split")["micro_batch"], 8);  // from the checkpoint
+  EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
+}
+
+// One process per device (torchrun's variables, the shm backend; mpirun with shm and with
+// mpi): the weights of one device, bit for bit.
+TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
+  const std::string flags = base("cnn") + " --steps 6 --micro-batch 8";
+  ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
+  const std::string reference = summary(root_ / "one")["weights_sha256"];
+
+  const auto exits = comm::testing::launch_program(
+      2, kBinary, split_words(flags + " --strategy ddp --out " + (root_ / "ddp").string()), {});
+  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  const nlohmann::json s = summary(root_ / "ddp");
+  EXPECT_EQ(s["weights_sha256"], reference);
+  EXPECT_EQ(s["strategy"], "ddp");
+  EXPECT_EQ(s["devices"].size(), 2u);
+  EXPECT_EQ(exits[1].output, "");  // only rank 0 reports
+  EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
+
+  // ZeRO-1: the same bits. Processes that share memory (shm) keep one copy of the weights
+  // and each steps its shard, under ddp as under zero1: half the optimizer state on each of
+  // the two ranks, and the allocator's peak below one device's by more than that half.
+  const auto sharded = comm::testing::launch_program(
+      2, kBinary, split_words(flags + " --strategy zero1 --out " + (root_ / "zero1").string()), {});
+  for (const auto& e : sharded) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(sharded);
+  EXPECT_EQ(summary(root_ / "zero1")["weights_sha256"], reference);
+  const double whole = summary(root_ / "one")["optimizer_state_bytes"];
+  const double one_peak = summary(root_ / "one")["peak_memory_bytes"];
+  for (const std::string strategy : {"ddp", "zero1"}) {
+    const nlohmann::json run_summary = summary(root_ / strategy);
+    EXPECT_NEAR(run_summary["optimizer_state_bytes"].get<double>(), whole / 2, 64) << strategy << " " << whole;
+    EXPECT_LT(run_summary["peak_memory_bytes"].get<double>(), one_peak - 0.4 * whole)
+        << strategy << ": one device's peak " << one_peak << ", optimizer state " << whole;
+  }
+
+  if (!on_path("mpirun")) GTEST_SKIP() << "mpirun is not on PATH (install openmpi-bin)";
+  for (const std::string backend : {"auto", "mpi"}) {
+    const fs::path out = root_ / ("mpi-" + backend);
+    const Result r = run_mpi(2, flags + " --strategy ddp --backend " + backend + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(summary(out)["weights_sha256"], reference) << backend;
+  }
+  // MPI's ranks share no memory: each keeps its weights and steps all of them.
+  EXPECT_NEAR(summary(root_ / "mpi-mpi")["optimizer_state_bytes"].get<double>(), whole, 64);
+}
+
+// A rank killed mid-run (kill -9) ends the job: the survivor stops with an error that
+// names the dead rank, well before the collective timeout, and leaves nothing in /dev/shm.
+TEST_F(TrainCommand, AKilledRankEndsTheJobNamingIt) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto exits = comm::testing::launch_program(
+      2, kBinary, split_words(base() + " --steps 1000000 --strategy ddp --out " + (root_ / "ddp").string()), {}, 120,
+      [](const std::vector<int>& pids) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        kill(pids[1], SIGKILL);
+      });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_EQ(exits[1].signal, SIGKILL);
+  EXPECT_NE(exits[0].exit_code, 0) << comm::testing::describe(exits);
+  EXPECT_NE(exits[0].output.find("rank 1"), std::string::npos) << exits[0].output;
+  EXPECT_LT(seconds, 60) << "the survivor waited for a timeout instead of noticing the death";
+  EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
+}
+
+// A checkpoint written by 2 ZeRO-1 processes (the optimizer state gathered whole) resumes
+// on one process with 2 devices, ending with the weights of an uninterrupted run.
+TEST_F(TrainCommand, ZeroOneCheckpointResumesUnsharded) {
+  const std::string flags = base() + " --optimizer adamw --lr-schedule cosine:total=10 --micro-batch 8";
+  ASSERT_EQ(run(flags + " --devices 1 --steps 10 --out " + (root_ / "whole").string()).exit_code, 0);
+  const auto exits = comm::testing::launch_program(
+      2, kBinary, split_words(flags + " --strategy zero1 --steps 4 --out " + (root_ / "split").string()), {});
+  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  const Result resumed =
+      run(base() + " --lr-schedule cosine:total=10 --devices 2 --steps 10 --resume " + (root_ / "split").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
+}
+
+// examples/ddp_train.cpp, the program users copy: on 2 processes it prints the losses it
+// prints on one, digit for digit.
+TEST_F(TrainCommand, TheDdpExampleGivesOneProcesssLosses) {
+  const std::string example = std::string(LOCKSTEP_BINARY_DIR) + "/bin/ddp_train";
+  if (!fs::exists(example)) GTEST_SKIP() << example << " is not built (this configuration builds the tests only)";
+  const Result alone = run_shell("env -u RANK -u WORLD_SIZE " + example + " 16 " + data_.string());
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const auto exits = comm::testing::launch_program(2, example, {"16", data_.string()}, {});
+  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  EXPECT_NE(alone.output.find("step 16  loss"), std::string::npos) << alone.output;
+  EXPECT_EQ(exits[0].output, alone.output);
+  EXPECT_EQ(exits[1].output, "");
+}
+
+TEST_F(TrainCommand, WritesTheDeviceTableAndATrace) {
+  const fs::path trace = root_ / "steps.trace.json";
+  const Result r = run("train --threads 2 --devices 2 --model mlp --data " + data_.string() +
+                       " --batch-size 32 --steps 3 --trace " + trace.string() + " --out " + (root_ / "a").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("slowest device cpu:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("communication"), std::string::npos) << r.output;
+  const nlohmann::json s = summary(root_ / "a");
+  ASSERT_EQ(s["devices"].size(), 2u);
+  EXPECT_EQ(s["devices"][1]["device"], "cpu:1");
+  EXPECT_GT(s["devices"][1]["compute_s"].get<double>(), 0);
+  // Each replica lives on its own device: device 1's memory is its own, not device 0's.
+  EXPECT_GT(s["devices"][1]["peak_memory_bytes"].get<int64_t>(), 0);
+  EXPECT_LT(s["devices"][1]["peak_memory_bytes"].get<int64_t>(), s["devices"][0]["peak_memory_bytes"].get<int64_t>());
+  EXPECT_NE(r.output.find("peak MiB"), std::string::npos) << r.output;
+  std::ifstream metrics(root_ / "a" / "metrics.jsonl");
+  std::string last;
+  for (std::string line; std::getline(metrics, line);) last = line;
+  EXPECT_TRUE(nlohmann::json::parse(last)["memory"].contains("cpu:1")) << last;
+  std::ifstream in(trace);
+  const nlohmann::json events = nlohmann::json::parse(in);
+  int spans = 0;
+  for (const auto& event : events) spans += event["ph"] == "X";
+  EXPECT_EQ(spans, 3 * 2 * 4);  // steps x devices x (compute, wait, all-reduce, optimizer)
+}
+
+TEST_F(TrainCommand, SameSeedSameWeightsOtherSeedOtherWeights) {
+  ASSERT_EQ(run(base() + " --steps 3 --seed 7 --out " + (root_ / "a").string()).exit_code, 0);
+  ASSERT_EQ(run(base() + " --steps 3 --seed 7 --out " + (root_ / "b").string()).exit_code, 0);
+  ASSERT_EQ(run(base() + " --steps 3 --seed 8 --out " + (root_ / "c").string()).exit_code, 0);
+  EXPECT_EQ(summary(root_ / "a")["weights_sha256"], summary(root_ / "b")["weights_sha256"]);
+  EXPECT_NE(summary(root_ / "a")["weights_sha256"], summary(root_ / "c")["weights_sha256"]);
+}
+
+// --steps 0 evaluates the starting weights. Given --init with a trained run's weights under
+// PyTorch's names (the checkpoint's "model." entries, renamed), it reproduces that run's test
+// loss exactly; from the seed, it is worse.
+TEST_F(TrainCommand, StepsZeroEvaluatesInitWeights) {
+  ASSERT_EQ(run(base() + " --steps 12 --out " + (root_ / "a").string()).exit_code, 0);
+  NamedTensors weights;
+  for (const auto& [name, tensor] : load_checkpoint((root_ / "a" / "checkpoint.safetensors").string()).tensors)
+    if (name.rfind("model.", 0) == 0) weights.emplace_back(name.substr(6), tensor);
+  ASSERT_EQ(weights.size(), 6u);  // fc1..fc3, weight and bias
+  save_safetensors((root_ / "weights.safetensors").string(), weights);
+
+  const Result loaded = run(base() + " --steps 0 --init " + (root_ / "weights.safetensors").string() + " --out " +
+                            (root_ / "b").string());
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+  EXPECT_EQ(summary(root_ / "b")["steps"], 0);
+  EXPECT_EQ(summary(root_ / "b")["test_loss"], summary(root_ / "a")["test_loss"]);
+  EXPECT_EQ(summary(root_ / "b")["weights_sha256"], summary(root_ / "a")["weights_sha256"]);
+
+  ASSERT_EQ(run(base() + " --steps 0 --out " + (root_ / "c").string()).exit_code, 0);
+  EXPECT_GT(summary(root_ / "c")["test_loss"].get<double>(), summary(root_ / "a")["test_loss"].get<double>());
+}
+
+TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
+  struct Case {
+    std::string arguments;
+    int exit_code;
+    std::string must_mention;
+  };
+  const fs::path corrupt = root_ / "corrupt";
+  fs::create_directories(corrupt);
+  fs::copy(data_ / "t10k-images-idx3-ubyte.gz", corrupt / "t10k-images-idx3-ubyte.gz");
+  fs::copy(data_ / "t10k-labels-idx1-ubyte.gz", corrupt / "t10k-labels-idx1-ubyte.gz");
+  fs::copy(data_ / "train-labels-idx1-ubyte.gz", corrupt / "train-labels-idx1-ubyte.gz");
+  {
+    // A truncated gzip stream.
+    std::ifstream in(data_ / "train-images-idx3-ubyte.gz", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(corrupt / "train-images-idx3-ubyte.gz", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
+  std::ofstream(root_ / "bad.safetensors", std::ios::binary) << std::string("\xff\xff\xff\xff\0\0\0\0{", 9);
+  ASSERT_EQ(run(base("cnn") + " --steps 1 --out " + (root_ / "cnn").string()).exit_code, 0);
+
+  const std::vector<Case> cases = {
+      {base() + " --data " + (root_ / "nowhere").string(), 1, "apt-get install dataset-fashion-mnist"},
+      {base() + " --data " + corrupt.string(), 1, "train-images-idx3-ubyte.gz"},
+      {base() + " --batch-size 0", 2, "--batch-size must be at least 1, got 0"},
+      {base() + " --epochs -1", 2, "--epochs must be 0 or more, got -1"},
+      {base() + " --lr -0.5", 2, "--lr must be a positive number, got -0.5"},
+      {base() + " --lr-schedule warp:3", 2, "--lr-schedule: "},
+      {base() + " --init " + (root_ / "bad.safetensors").string(), 1, "bad.safetensors"},
+      {base() + " --resume " + (root_ / "cnn").string(), 1, "--model cnn"},
+      {base() + " --resume " + (root_ / "empty").string(), 1, "checkpoint.safetensors"},
+      {base() + " --model resnet", 2, "resnet"},
+      {base() + " --bogus 3", 2, "--bogus"},
+      {base() + " --steps many", 2, "--steps"},
+      {base() + " --micro-batch 4 --devices 3", 2, "8 micro-batches, which 3 devices cannot share"},
+      {base() + " --micro-batch 5", 2, "multiple of the micro-batch (5)"},
+      {base() + " --devices -1", 2, "--devices -1 is not a count"},
+      {base() + " --devices cuda:1,cuda:3", 2, "must be cuda:0, not cuda:1"},
+      {base() + " --devices cuda:0", 2, "no GPU is visible"},
+      {base() + " --model gpt --devices cuda", 2, "run on CPU devices in this version"},
+      {base() + " --precision bf16", 2, "--precision bf16 runs on GPU devices"},
+      {base() + " --precision f8", 2, "--precision must be f32, bf16 or f16"},
+      {base() + " --strategy zero9", 2, "--strategy"},
+      {base() + " --strategy ddp --devices 2", 2, "one device per process"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run(c.arguments);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.arguments << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.must_mention), std::string::npos) << c.arguments << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line expected:\n" << r.output;
+  }
+}
+
+// The accuracy of one epoch with the defaults (batch 32 in micro-batches of 4, AdamW lr
+// 0.004 after 100 warm-up steps, cosine decay) on the real dataset: the targets, 85%
+// for the MLP and 88% for the CNN. The runs are deterministic (MLP 0.8628, CNN 0.8856 here,
+// on any device count); other OpenBLAS kernels round differently, and seeds 1 and 2 give
+// the CNN 0.8838 and 0.8855. bench/torch_accuracy.py runs the same recipe in PyTorch.
+TEST(TrainCommandLong, DefaultRunsReachTheirAccuracy) {
+  if (kSanitized) GTEST_SKIP() << "a full epoch is too slow under sanitizers; the release build runs it";
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
+  const fs::path out = fs::temp_directory_path() / ("lockstep-accuracy-" + std::to_string(getpid()));
+  for (const auto& [model, target] : std::vector<std::pair<std::string, double>>{{"mlp", 0.85}, {"cnn", 0.88}}) {
+    const Result r = run("train --quiet --model " + model + " --out " + (out / model).string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(out / model / "summary.json");
+    const double accuracy = nlohmann::json::parse(in)["test_accuracy"];
+    EXPECT_GE(accuracy, target) << model;
+    std::printf("%s: test accuracy %.4f after one epoch\n", model.c_str(), accuracy);
+  }
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace lockstep
