@@ -19,6 +19,14 @@ Tensor cross_entropy_per_target(const Tensor& logits, const Tensor& targets, con
   return reshape(losses, targets.shape());
 }
 
+// The squared error of each element of a prediction against targets of its shape.
+Tensor squared_error(const Tensor& prediction, const Tensor& wanted, const std::string& target, const char* loss_name) {
+  LOCKSTEP_CHECK(prediction.shape() == wanted.shape())
+      << loss_name << ": the model gave " << shape_str(prediction.shape()) << " for targets '" << target << "' "
+      << shape_str(wanted.shape()) << "; they must have one shape (reshape the targets, e.g. [n] to [n, 1])";
+  return square(prediction - wanted.to(prediction.dtype()));
+}
+
 }  // namespace
 
 LossFunction classification_loss(std::string input, std::string target) {
@@ -46,12 +54,19 @@ LossFunction next_token_loss(std::string input, std::string target) {
 LossFunction mse_loss(std::string input, std::string target) {
   return [input = std::move(input), target = std::move(target)](nn::Module& model, const TensorBatch& batch,
                                                                 const StepContext&) {
-    const Tensor prediction = model(batch.at(input));
-    const Tensor& wanted = batch.at(target);
-    LOCKSTEP_CHECK(prediction.shape() == wanted.shape())
-        << "mse_loss: the model gave " << shape_str(prediction.shape()) << " for targets '" << target << "' "
-        << shape_str(wanted.shape()) << "; they must have one shape (reshape the targets, e.g. [n] to [n, 1])";
-    return square(prediction - wanted.to(prediction.dtype()));
+    return squared_error(model(batch.at(input)), batch.at(target), target, "mse_loss");
+  };
+}
+
+OutputLoss cross_entropy_loss_of(std::string target) {
+  return [target = std::move(target)](const Tensor& logits, const TensorBatch& batch, const StepContext&) {
+    return cross_entropy_per_target(logits, batch.at(target), "cross_entropy_loss_of");
+  };
+}
+
+OutputLoss squared_error_of(std::string target) {
+  return [target = std::move(target)](const Tensor& prediction, const TensorBatch& batch, const StepContext&) {
+    return squared_error(prediction, batch.at(target), target, "squared_error_of");
   };
 }
 

@@ -42,6 +42,17 @@ LossFunction next_token_loss(std::string input = "input", std::string target = "
 // error of each element, so the step's loss is torch.nn.MSELoss's mean over the global batch.
 LossFunction mse_loss(std::string input = "input", std::string target = "target");
 
+// A pipeline's loss, on its last stage: per-sample losses (the contract above) of the
+// model's output for the micro-batch (the batch's other fields: targets, weights, ...).
+using OutputLoss =
+    std::function<Tensor(const Tensor& output, const TensorBatch& micro_batch, const StepContext& context)>;
+
+// The shipped losses of an output, for pipelines: cross-entropy of logits [n, ..., classes]
+// against class indices batch[target] [n, ...]; the squared error against batch[target] of
+// the output's shape.
+OutputLoss cross_entropy_loss_of(std::string target);
+OutputLoss squared_error_of(std::string target);
+
 // Checks what a loss function returned for a micro-batch of `samples` samples (the contract
 // above) and returns its terms per sample; the Error says what was returned and what to do.
 int64_t check_per_sample_loss(const Tensor& loss, int64_t samples);

@@ -52,27 +52,26 @@ double theoretical_bubble(int stages, int64_t micro_batches) {
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
 }
 
-std::vector<int64_t> balance_stages(int64_t blocks, int64_t block_params, int64_t first_extra, int64_t last_extra,
-                                    int stages) {
-  LOCKSTEP_CHECK(stages >= 1 && blocks >= stages)
-      << blocks << " transformer blocks cannot fill " << stages
-      << " pipeline stages (each stage holds at least one block): use --pp at most " << blocks
-      << " or a model with more --layers";
-  const auto cost = [&](int stage, int64_t count) {
-    return count * block_params + (stage == 0 ? first_extra : 0) + (stage == stages - 1 ? last_extra : 0);
-  };
-  // best[s][k]: the smallest largest stage when stages 0..s-1 hold the first k blocks.
+std::vector<int64_t> balance_layers(const std::vector<int64_t>& layer_params, int stages) {
+  const auto layers = static_cast<int64_t>(layer_params.size());
+  LOCKSTEP_CHECK(stages >= 1 && layers >= stages)
+      << layers << " layers cannot fill " << stages << " pipeline stages (each stage holds at least one layer): use "
+      << "at most " << layers << " stages";
+  std::vector<int64_t> prefix(layer_params.size() + 1, 0);  // prefix[k]: the first k layers' parameters
+  for (size_t k = 0; k < layer_params.size(); ++k) prefix[k + 1] = prefix[k] + layer_params[k];
+  // best[s][k]: the smallest largest stage when stages 0..s-1 hold the first k layers.
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  const auto n = static_cast<size_t>(blocks + 1);
+  const auto n = static_cast<size_t>(layers + 1);
   std::vector<std::vector<int64_t>> best(static_cast<size_t>(stages) + 1, std::vector<int64_t>(n, kNone));
   std::vector<std::vector<int64_t>> take(best.size(), std::vector<int64_t>(n, 0));
   best[0][0] = 0;
   for (int s = 0; s < stages; ++s) {
-    // Earlier stages holding more blocks come first, so ties leave the extra block with them.
-    for (int64_t k = blocks; k >= 0; --k) {
+    // Earlier stages holding more layers come first, so ties leave the extra layer with them.
+    for (int64_t k = layers; k >= 0; --k) {
       if (best[s][static_cast<size_t>(k)] == kNone) continue;
-      for (int64_t count = blocks - k; count >= 1; --count) {
-        const int64_t worst = std::max(best[s][static_cast<size_t>(k)], cost(s, count));
+      for (int64_t count = layers - k; count >= 1; --count) {
+        const int64_t cost = prefix[static_cast<size_t>(k + count)] - prefix[static_cast<size_t>(k)];
+        const int64_t worst = std::max(best[s][static_cast<size_t>(k)], cost);
         int64_t& slot = best[static_cast<size_t>(s) + 1][static_cast<size_t>(k + count)];
         if (worst < slot) {
           slot = worst;
@@ -82,11 +81,25 @@ std::vector<int64_t> balance_stages(int64_t blocks, int64_t block_params, int64_
     }
   }
   std::vector<int64_t> sizes(static_cast<size_t>(stages));
-  for (int64_t s = stages, k = blocks; s > 0; --s) {
+  for (int64_t s = stages, k = layers; s > 0; --s) {
     sizes[static_cast<size_t>(s) - 1] = take[static_cast<size_t>(s)][static_cast<size_t>(k)];
     k -= sizes[static_cast<size_t>(s) - 1];
   }
   return sizes;
+}
+
+std::vector<int64_t> balance_stages(int64_t blocks, int64_t block_params, int64_t first_extra, int64_t last_extra,
+                                    int stages) {
+  LOCKSTEP_CHECK(stages >= 1 && blocks >= stages)
+      << blocks << " transformer blocks cannot fill " << stages
+      << " pipeline stages (each stage holds at least one block): use --pp at most " << blocks
+      << " or a model with more --layers";
+  // The first stage always holds the first block and the last stage the last: their extras
+  // count as those blocks'.
+  std::vector<int64_t> params(static_cast<size_t>(blocks), block_params);
+  params.front() += first_extra;
+  params.back() += last_extra;
+  return balance_layers(params, stages);
 }
 
 std::vector<int64_t> parse_stage_sizes(const std::string& text, int64_t blocks, int stages) {

@@ -42,6 +42,12 @@ double theoretical_bubble(int stages, int64_t micro_batches);
 std::vector<int64_t> balance_stages(int64_t blocks, int64_t block_params, int64_t first_extra, int64_t last_extra,
                                     int stages);
 
+// Layers per stage for a stack of layers holding layer_params[i] parameters each: contiguous
+// runs, each stage at least one layer, the largest stage as small as can be; earlier stages
+// take the extra layer where it does not matter. An Error when there are fewer layers than
+// stages.
+std::vector<int64_t> balance_layers(const std::vector<int64_t>& layer_params, int stages);
+
 // "--stages 3,1": blocks per stage, checked to be `stages` positive counts summing to
 // `blocks`; the Error says what sums to what.
 std::vector<int64_t> parse_stage_sizes(const std::string& text, int64_t blocks, int stages);
