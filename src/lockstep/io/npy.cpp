@@ -2,19 +2,36 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 namespace lockstep {
 namespace {
 
 // The header is a Python dict literal: {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
+// The value of `key`: a quoted string (quotes kept), a parenthesized tuple, or a bare word.
 std::string header_value(const std::string& header, const std::string& key, const std::string& path) {
-  const std::regex pattern("['\"]" + key + "['\"]\\s*:\\s*('[^']*'|\"[^\"]*\"|True|False|\\([^)]*\\))");
-  std::smatch match;
-  LOCKSTEP_CHECK(std::regex_search(header, match, pattern))
+  size_t at = std::string::npos;
+  for (const char quote : {'\'', '"'}) {
+    const size_t found = header.find(quote + key + quote);
+    if (found != std::string::npos) at = found + key.size() + 2;
+  }
+  if (at != std::string::npos) at = header.find(':', at);
+  LOCKSTEP_CHECK(at != std::string::npos)
       << path << ": the .npy header has no '" << key << "' (header: " << header << ")";
-  return match[1];
+  at = header.find_first_not_of(" ", at + 1);
+  LOCKSTEP_CHECK(at != std::string::npos) << path << ": the .npy header's '" << key << "' has no value";
+  const char open = header[at];
+  size_t end = std::string::npos;
+  if (open == '\'' || open == '"') {
+    end = header.find(open, at + 1);
+  } else if (open == '(') {
+    end = header.find(')', at);
+  } else {
+    end = header.find_first_of(",}", at);
+    if (end != std::string::npos) --end;
+  }
+  LOCKSTEP_CHECK(end != std::string::npos) << path << ": the .npy header's '" << key << "' does not end";
+  return header.substr(at, end - at + 1);
 }
 
 DType dtype_of(const std::string& descr, const std::string& path) {
