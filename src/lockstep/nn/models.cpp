@@ -36,7 +36,23 @@ Tensor MLP::forward(const Tensor& x) {
   return fc3->forward(h);
 }
 
-std::vector<std::string> model_names() { return {"cnn", "mlp"}; }
+ResNet::ResNet() : Module("ResNet") {
+  conv1 = register_module("conv1", std::make_shared<Conv2d>(1, 16, 3, 1, 1, false));
+  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(16));
+  layer1 = register_module("layer1", std::make_shared<BasicBlock>(16, 16));
+  layer2 = register_module("layer2", std::make_shared<BasicBlock>(16, 32, 2));
+  layer3 = register_module("layer3", std::make_shared<BasicBlock>(32, 64, 2));
+  pool = register_module("pool", std::make_shared<AdaptiveAvgPool2d>(1));
+  fc = register_module("fc", std::make_shared<Linear>(64, 10));
+}
+
+Tensor ResNet::forward(const Tensor& x) {
+  Tensor h = relu((*bn1)((*conv1)(x)));    // [N, 16, 28, 28]
+  h = (*layer3)((*layer2)((*layer1)(h)));  // [N, 64, 7, 7]
+  return (*fc)(flatten((*pool)(h), 1));
+}
+
+std::vector<std::string> model_names() { return {"cnn", "mlp", "resnet"}; }
 
 std::shared_ptr<Module> make_model(const std::string& name, uint64_t seed) {
   std::shared_ptr<Module> model;
@@ -44,6 +60,8 @@ std::shared_ptr<Module> make_model(const std::string& name, uint64_t seed) {
     model = std::make_shared<CNN>();
   } else if (name == "mlp") {
     model = std::make_shared<MLP>();
+  } else if (name == "resnet") {
+    model = std::make_shared<ResNet>();
   } else {
     std::string choices;
     for (const auto& known : model_names()) choices += (choices.empty() ? "" : ", ") + known;

@@ -11,6 +11,8 @@
 #include "lockstep/nn/conv.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/module.h"
+#include "lockstep/nn/normalization.h"
+#include "lockstep/nn/resnet.h"
 
 namespace lockstep::nn {
 
@@ -39,10 +41,29 @@ class MLP : public Module {
   std::shared_ptr<Linear> fc1, fc2, fc3;
 };
 
+// A small ResNet for 28x28 images (torchvision's BasicBlock, nn/resnet.h):
+// class ResNet(nn.Module):
+//     conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=False); bn1 = nn.BatchNorm2d(16)
+//     layer1 = BasicBlock(16, 16); layer2 = BasicBlock(16, 32, 2); layer3 = BasicBlock(32, 64, 2)
+//     fc = nn.Linear(64, 10)
+//     forward: relu(bn1(conv1(x))) -> layer1 -> layer2 -> layer3 [N, 64, 7, 7]
+//              -> adaptive_avg_pool2d(1) -> flatten(1) -> fc(.)
+class ResNet : public Module {
+ public:
+  ResNet();
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<Conv2d> conv1;
+  std::shared_ptr<BatchNorm2d> bn1;
+  std::shared_ptr<BasicBlock> layer1, layer2, layer3;
+  std::shared_ptr<AdaptiveAvgPool2d> pool;
+  std::shared_ptr<Linear> fc;
+};
+
 // The names make_model accepts.
 std::vector<std::string> model_names();
 
-// A model by name ("cnn", "mlp"), initialized by initialize(model, seed). An unknown name is
+// A model by name ("cnn", "mlp", "resnet"), initialized by initialize(model, seed). An unknown name is
 // an Error listing the choices.
 std::shared_ptr<Module> make_model(const std::string& name, uint64_t seed = 0);
 

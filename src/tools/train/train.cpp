@@ -153,10 +153,10 @@ void check_options(const TrainOptions& options) {
 int train_main(const std::vector<std::string>& args) {
   TrainOptions options;
   Flags flags("lockstep train",
-              "Trains a model on Fashion-MNIST (cnn, mlp) and prints its test accuracy, or a GPT on byte-level\n"
+              "Trains a model on Fashion-MNIST (cnn, mlp, resnet) and prints its test accuracy, or a GPT on byte-level\n"
               "text (gpt) and prints its validation loss and a sample. Writes metrics.jsonl,\n"
               "checkpoint.safetensors and summary.json under --out.");
-  flags.add("model", &options.model, "cnn or mlp (Fashion-MNIST), gpt (text)");
+  flags.add("model", &options.model, "cnn, mlp or resnet (Fashion-MNIST), gpt (text)");
   flags.add("preset", &options.preset, "gpt's shape: tiny, small or gpt2-124m");
   flags.add("layers", &options.layers, "gpt: transformer blocks (default: the preset's)");
   flags.add("heads", &options.heads, "gpt: attention heads (default: the preset's)");

@@ -69,7 +69,7 @@ TrainTask make_train_task(const TrainOptions& options) {
   }
   const std::vector<std::string> images = nn::model_names();
   if (std::find(images.begin(), images.end(), options.model) == images.end()) {
-    throw UsageError("--model must be cnn, mlp (Fashion-MNIST) or gpt (text), got '" + options.model + "'");
+    throw UsageError("--model must be cnn, mlp, resnet (Fashion-MNIST) or gpt (text), got '" + options.model + "'");
   }
   const std::string dir = options.data_dir.empty() ? kFashionMnistDefaultDir : options.data_dir;
   task.train = std::make_shared<TensorDataset>(load_fashion_mnist(dir, Split::train));
