@@ -51,16 +51,6 @@ std::unique_ptr<optim::Optimizer> sgd(std::vector<Tensor> params) {
   return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
 }
 
-// Every entry of the state_dict (parameters and running statistics) as raw bytes.
-std::vector<std::string> state_bits(const nn::Module& model) {
-  std::vector<std::string> out;
-  for (const auto& [name, tensor] : model.state_dict()) {
-    const Tensor c = tensor.contiguous();
-    out.push_back(name + ":" + std::string(static_cast<const char*>(c.raw_data()), c.nbytes()));
-  }
-  return out;
-}
-
 constexpr int64_t kBatch = 16, kMicro = 2;
 constexpr int kSteps = 3;
 

@@ -36,15 +36,6 @@ std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
   return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
 }
 
-std::vector<std::string> state_bits(const nn::Module& model) {
-  std::vector<std::string> out;
-  for (const auto& [name, tensor] : model.state_dict()) {
-    const Tensor c = tensor.contiguous();
-    out.push_back(name + ":" + std::string(static_cast<const char*>(c.raw_data()), c.nbytes()));
-  }
-  return out;
-}
-
 constexpr int64_t kBatch = 16, kMicro = 2;
 
 struct Outcome {

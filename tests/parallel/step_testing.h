@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "lockstep/core/philox.h"
@@ -44,6 +45,17 @@ using Weights = std::vector<std::vector<float>>;
 inline Weights weights(nn::Module& model) {
   Weights out;
   for (const Tensor& p : model.parameters()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+// Every state_dict entry (parameters and buffers, e.g. running statistics) as its name and
+// raw bytes: equal vectors, equal bits.
+inline std::vector<std::string> state_bits(const nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& [name, tensor] : model.state_dict()) {
+    const Tensor c = tensor.contiguous();
+    out.push_back(name + ":" + std::string(static_cast<const char*>(c.raw_data()), c.nbytes()));
+  }
   return out;
 }
 

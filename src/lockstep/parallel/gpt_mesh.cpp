@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <deque>
 #include <map>
 #include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/gradient_tree.h"
+#include "lockstep/parallel/stage_links.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -148,20 +148,8 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
     Tensor input, output;  // output: the loss sum on the last stage
   };
   std::vector<InFlight> in_flight(static_cast<size_t>(micro_batches));
-  // Sends in flight, each with its tensor, which must stay alive until it is sent; those
-  // done are dropped as the step goes, so a 1F1B stage does not keep every activation.
-  std::deque<std::pair<comm::Work, Tensor>> sends;
+  StageLinks links(pp, times);
   GradientTree tree;
-  const auto timed_recv = [&](const Tensor& buffer, int peer, int tag) {
-    const StepClock::time_point wait = StepClock::now();
-    pp.recv(buffer, peer, tag);
-    times.bubble += seconds_since(wait);
-  };
-  const auto send = [&](const Tensor& tensor, int peer, int tag) {
-    while (!sends.empty() && sends.front().first.done()) sends.pop_front();
-    const Tensor alive = tensor.contiguous();
-    sends.emplace_back(pp.send_async(alive, peer, tag), alive);
-  };
   // Tensor parallelism all-reduces inside forward and backward: counted as communication.
   const double tp_before = mesh_.tp_group()->blocking_seconds();
   const std::vector<PipelineOp> ops = pipeline_ops(options_.schedule, stage, stages, micro_batches);
@@ -175,7 +163,7 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
         slot.input = slice(tokens, 0, row, row + micro).to(device_);
       } else {
         slot.input = Tensor::empty({micro, context, part.config.width}, DType::f32, device_);
-        timed_recv(slot.input, stage - 1, kActivation);
+        links.recv(slot.input, stage - 1, kActivation);
         slot.input.set_requires_grad(true);
       }
       const StepClock::time_point compute = StepClock::now();
@@ -183,7 +171,7 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
       const Tensor output = part.forward(slot.input);
       slot.output = part.last() ? part.loss_sum(output, slice(targets, 0, row, row + micro).to(device_)) : output;
       times.compute += seconds_since(compute);
-      if (!part.last()) send(slot.output.detach(), stage + 1, kActivation);
+      if (!part.last()) links.send(slot.output.detach(), stage + 1, kActivation);
       continue;
     }
     Tensor gradient;
@@ -191,20 +179,20 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
       gradient = Tensor::scalar(1.0 / weight).to(device_);
     } else {
       gradient = Tensor::empty(slot.output.shape(), DType::f32, device_);
-      timed_recv(gradient, stage + 1, kGradient);
+      links.recv(gradient, stage + 1, kGradient);
     }
     StepClock::time_point compute = StepClock::now();
     slot.output.backward(gradient);
     times.compute += seconds_since(compute);
-    if (!part.first()) send(slot.input.grad(), stage - 1, kGradient);
+    if (!part.first()) links.send(slot.input.grad(), stage - 1, kGradient);
     if (part.last() && !part.first()) {
-      send(part.head_weight.grad(), 0, kTiedGradient);
+      links.send(part.head_weight.grad(), 0, kTiedGradient);
       part.head_weight.set_grad(Tensor());
     }
     if (part.first() && !part.last()) {
       // The head's use of the tied weight, added to the embedding's as one device adds them.
       const Tensor head = Tensor::empty(part.head_weight.shape(), DType::f32, device_);
-      timed_recv(head, stages - 1, kTiedGradient);
+      links.recv(head, stages - 1, kTiedGradient);
       NoGradGuard no_grad;
       part.head_weight.grad().copy_from(part.head_weight.grad() + head);
     }
@@ -219,11 +207,7 @@ GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& t
   const double tensor_parallel = mesh_.tp_group()->blocking_seconds() - tp_before;
   times.compute -= tensor_parallel;
   times.communicate += tensor_parallel;
-  if (!sends.empty()) {
-    start = StepClock::now();
-    for (const auto& [work, tensor] : sends) work.wait();
-    times.bubble += seconds_since(start);
-  }
+  links.finish();
 
   // The top of the tree: the replicas' subtrees, in tree order.
   comm::Communicator& dp = *mesh_.dp_group();

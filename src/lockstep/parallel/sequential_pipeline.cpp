@@ -1,11 +1,11 @@
 #include "lockstep/parallel/sequential_pipeline.h"
 
-#include <deque>
 #include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/gradient_tree.h"
+#include "lockstep/parallel/stage_links.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -119,18 +119,7 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
     std::vector<Tensor> statistics;  // the forward's running statistics
   };
   std::vector<InFlight> in_flight(static_cast<size_t>(micro_batches));
-  // Sends in flight, each with its tensor, which must stay alive until it is sent.
-  std::deque<std::pair<comm::Work, Tensor>> sends;
-  const auto send = [&](const Tensor& tensor, int peer, int tag) {
-    while (!sends.empty() && sends.front().first.done()) sends.pop_front();
-    const Tensor alive = tensor.contiguous();
-    sends.emplace_back(pp.send_async(alive, peer, tag), alive);
-  };
-  const auto timed_recv = [&](const Tensor& buffer, int peer, int tag) {
-    const StepClock::time_point wait = StepClock::now();
-    pp.recv(buffer, peer, tag);
-    times.bubble += seconds_since(wait);
-  };
+  StageLinks links(pp, times);
   statistics_.discard();
   GradientTree tree;
   for (const PipelineOp& op : pipeline_ops(options_.schedule, stage(), stages, micro_batches)) {
@@ -142,9 +131,9 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
         slot.input = micro_batch.at(options_.input).to(device_);
       } else {
         const Tensor header = Tensor::empty({kHeaderLength}, DType::i64);
-        timed_recv(header, stage() - 1, kHeader);
+        links.recv(header, stage() - 1, kHeader);
         slot.input = empty_like_header(header, device_);
-        timed_recv(slot.input, stage() - 1, kActivation);
+        links.recv(slot.input, stage() - 1, kActivation);
         if (is_floating(slot.input.dtype())) slot.input.set_requires_grad(true);
       }
       const StepClock::time_point compute = StepClock::now();
@@ -163,8 +152,8 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
       slot.statistics = statistics_.take();
       times.compute += seconds_since(compute);
       if (!last_stage) {
-        send(header_of(x), stage() + 1, kHeader);
-        send(x.detach(), stage() + 1, kActivation);
+        links.send(header_of(x), stage() + 1, kHeader);
+        links.send(x.detach(), stage() + 1, kActivation);
       }
       continue;
     }
@@ -173,14 +162,14 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
       gradient = Tensor::scalar(1.0 / slot.weight, slot.output.dtype(), device_);
     } else {
       gradient = Tensor::empty(slot.output.shape(), slot.output.dtype(), device_);
-      timed_recv(gradient, stage() + 1, kGradient);
+      links.recv(gradient, stage() + 1, kGradient);
     }
     const StepClock::time_point compute = StepClock::now();
     if (slot.output.requires_grad()) slot.output.backward(gradient);
     if (!first_stage) {
       const Tensor input_grad = slot.input.requires_grad() ? slot.input.grad() : Tensor();
-      send(input_grad.defined() ? input_grad : Tensor::zeros(slot.input.shape(), slot.input.dtype(), device_),
-           stage() - 1, kGradient);
+      links.send(input_grad.defined() ? input_grad : Tensor::zeros(slot.input.shape(), slot.input.dtype(), device_),
+                 stage() - 1, kGradient);
     }
     // This stage's part of the micro-batch's leaf: its layers' gradients, their running
     // statistics, and on the last stage the loss.
@@ -196,11 +185,7 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
     times.compute += seconds_since(compute);
   }
   std::vector<Tensor> sums = tree.finish();
-  if (!sends.empty()) {
-    start = StepClock::now();
-    for (const auto& [work, tensor] : sends) work.wait();
-    times.bubble += seconds_since(start);
-  }
+  links.finish();
 
   // The top of the tree: the replicas' subtrees, in tree order.
   comm::Communicator& dp = *mesh_.dp_group();
