@@ -212,7 +212,7 @@ TEST_F(TrainGpt, BadInputIsNamed) {
   }
   const Result model = run("train --quiet --model transformer --steps 1");
   EXPECT_EQ(model.exit_code, 2) << model.output;
-  EXPECT_NE(model.output.find("cnn, mlp (Fashion-MNIST) or gpt (text)"), std::string::npos) << model.output;
+  EXPECT_NE(model.output.find("cnn, mlp, resnet (Fashion-MNIST) or gpt (text)"), std::string::npos) << model.output;
 }
 
 }  // namespace
