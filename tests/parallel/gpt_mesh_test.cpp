@@ -12,6 +12,7 @@
 #include "lockstep/core/philox.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/data_parallel.h"
+#include "lockstep/parallel/gpt_mesh_parallel.h"
 #include "parallel/rank_threads.h"
 
 namespace lockstep::parallel {
@@ -95,7 +96,10 @@ Outcome on_mesh(const nn::GptConfig& config, GptMeshOptions options, int steps, 
   const nn::Gpt full(config, kSeed);
   expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& world) {
     GptMeshRank part(full, options, world, Device::cpu(r), adamw);
-    if (start) part.load_full(start->weights, start->optimizer_state);
+    if (start) {
+      part.load_full_weights(start->weights);
+      part.load_full_optimizer_state(start->optimizer_state);
+    }
     Outcome& outcome = outcomes[static_cast<size_t>(r)];
     for (uint64_t s = first_step; s < first_step + static_cast<uint64_t>(steps); ++s) {
       const Batch b = batch_at(s, config.context);
@@ -241,6 +245,37 @@ TEST(GptMesh, ACheckpointMovesBetweenLayouts) {
   expect_close_losses(then_pipeline.losses, then_one.losses, 1e-5);
   const Outcome then_pipeline_only = on_mesh(kFourBlocks, with_mesh({.pp = 2}), 2, 2, &tensor_half);
   expect_same_bits(then_pipeline_only.weights, then_one.weights, "tp 2 -> pp 2");
+}
+
+// The library's mesh driver (ranks as threads) is a Layout: trained through the interface,
+// then resumed on another mesh from what it gathers, it gives one device's bits.
+TEST(GptMesh, TheMeshLayoutDrivesEveryRankAndMovesBetweenMeshes) {
+  const Outcome one = one_device(kFourBlocks, 4);
+  const auto make = [] { return std::make_shared<nn::Gpt>(kFourBlocks, kSeed); };
+  const auto train = [&](Layout& layout, uint64_t first, uint64_t steps, std::vector<double>& losses) {
+    for (uint64_t s = first; s < first + steps; ++s) {
+      const Batch b = batch_at(s, kFourBlocks.context);
+      losses.push_back(layout
+                           .step({{"tokens", b.tokens}, {"targets", b.targets}},
+                                 {.seed = kSeed, .step = s, .first_sample = static_cast<int64_t>(s) * kBatch})
+                           .loss);
+    }
+  };
+  GptMeshOptions pipeline = with_mesh({.dp = 2, .tp = 1, .pp = 2});
+  pipeline.micro_batch = kMicro;
+  GptMeshParallel first({.mesh = pipeline}, make, adamw);
+  EXPECT_EQ(first.local_devices().size(), 4u);
+  std::vector<double> losses;
+  train(first, 0, 2, losses);
+  GptMeshOptions gpipe = with_mesh({.dp = 1, .tp = 1, .pp = 4}, PipelineSchedule::gpipe);
+  gpipe.micro_batch = kMicro;
+  GptMeshParallel second({.mesh = gpipe}, make, adamw);
+  second.load_model_state(first.model().state_dict());
+  second.load_optimizer_state(first.optimizer_state());
+  train(second, 2, 2, losses);
+  EXPECT_EQ(losses, one.losses);
+  expect_same_bits(second.model().state_dict(), one.weights, "weights");
+  expect_same_bits(second.optimizer_state(), one.optimizer_state, "optimizer state");
 }
 
 TEST(GptMesh, UnevenSplitsAreErrorsThatSayWhatDividesWhat) {

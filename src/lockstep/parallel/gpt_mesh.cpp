@@ -310,7 +310,7 @@ NamedTensors GptMeshRank::gather_full_optimizer_state() {
   return full;
 }
 
-void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& optimizer_state) {
+void GptMeshRank::load_full_weights(const NamedTensors& weights) {
   const int tp_rank = mesh_.coord().tp, tp_size = mesh_.shape().tp;
   const std::vector<ShardSpec> specs = stage_->shard_specs();
   const auto full_tensor = [&](const std::string& name) -> const Tensor& {
@@ -327,6 +327,11 @@ void GptMeshRank::load_full(const NamedTensors& weights, const NamedTensors& opt
   if (stage_->last() && !stage_->first()) {
     stage_->head_weight.copy_from(shard_of(full_tensor("wte.weight"), ShardSpec{"wte.weight", 0}, tp_rank, tp_size));
   }
+}
+
+void GptMeshRank::load_full_optimizer_state(const NamedTensors& optimizer_state) {
+  const int tp_rank = mesh_.coord().tp, tp_size = mesh_.shape().tp;
+  const std::vector<ShardSpec> specs = stage_->shard_specs();
   // Full parameter index -> this rank's.
   std::map<size_t, size_t> local_index;
   for (size_t j = 0; j < full_index_.size(); ++j) local_index[full_index_[j]] = j;

@@ -75,7 +75,8 @@ class GptMeshRank {
   NamedTensors gather_full_weights();
   NamedTensors gather_full_optimizer_state();
   // Takes this rank's part of them (no communication).
-  void load_full(const NamedTensors& weights, const NamedTensors& optimizer_state);
+  void load_full_weights(const NamedTensors& weights);
+  void load_full_optimizer_state(const NamedTensors& optimizer_state);
 
  private:
   GptMeshOptions options_;

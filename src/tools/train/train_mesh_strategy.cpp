@@ -6,11 +6,9 @@
 // under plain data parallelism.
 #include "lockstep/comm/init.h"
 #include "lockstep/comm/launch_env.h"
-#include "lockstep/comm/local_communicator.h"
 #include "lockstep/core/device.h"
 #include "lockstep/data/text_dataset.h"
-#include "lockstep/parallel/device_workers.h"
-#include "lockstep/parallel/gpt_mesh.h"
+#include "lockstep/parallel/gpt_mesh_parallel.h"
 #include "tools/common/flags.h"
 #include "tools/train/train_strategy.h"
 
@@ -22,66 +20,37 @@ class MeshStrategy final : public TrainStrategy {
   // world: this process's rank of a launched job, or null to drive every device here.
   MeshStrategy(const parallel::GptMeshOptions& layout, int threads, std::shared_ptr<comm::Communicator> world,
                const ReplicaFactory& make_replica, const OptimizerFactory& make_optimizer)
-      : layout_(layout), threads_(threads), world_(std::move(world)), make_replica_(make_replica) {
-    const int local = world_ ? 1 : layout.mesh.size();
-    const std::vector<std::shared_ptr<comm::Communicator>> comms =
-        world_ ? std::vector{world_} : comm::LocalCommunicator::create_group(local);
-    if (!world_) {
-      workers_ = std::make_unique<parallel::DeviceWorkers>(
-          local, threads_per_device(), [comms](int device, const std::string& message) {
-            // The other devices stop waiting for this one.
-            comms[static_cast<size_t>(device)]->abort("device " + std::to_string(device) + ": " + message);
-          });
-    }
-    // Every rank cuts its part from one full model, which goes once they have.
-    const std::shared_ptr<nn::Module> full = make_replica();
-    const auto* gpt = dynamic_cast<const nn::Gpt*>(full.get());
-    LOCKSTEP_CHECK(gpt != nullptr) << "--strategy mesh trains a GPT (--model gpt)";
-    ranks_.resize(static_cast<size_t>(local));
-    run_local([&](int r) {
-      ranks_[static_cast<size_t>(r)] = std::make_unique<parallel::GptMeshRank>(
-          *gpt, layout, comms[static_cast<size_t>(r)], Device::cpu(r), make_optimizer);
-    });
-  }
+      : layout_(layout),
+        threads_(threads),
+        world_(world),
+        mesh_(
+            {.mesh = layout,
+             .tokens = kTokensField,
+             .targets = kTargetsField,
+             .threads_per_device = world ? threads : std::max(1, threads / layout.mesh.size()),
+             .world = world},
+            [make_replica] {
+              std::shared_ptr<nn::Gpt> gpt = std::dynamic_pointer_cast<nn::Gpt>(make_replica());
+              LOCKSTEP_CHECK(gpt != nullptr) << "--strategy mesh trains a GPT (--model gpt)";
+              return gpt;
+            },
+            make_optimizer) {}
 
   parallel::StepResult step(const Batch& batch, uint64_t step, uint64_t seed) override {
-    std::vector<parallel::GptMeshRank::StepOutcome> outcomes(ranks_.size());
-    run_local([&](int r) {
-      outcomes[static_cast<size_t>(r)] = ranks_[static_cast<size_t>(r)]->step(
-          batch.samples[kTokensField], batch.samples[kTargetsField], batch.first_position, step, seed);
-    });
-    parallel::StepResult result;
-    result.loss = outcomes[0].loss;
-    for (const auto& outcome : outcomes) result.devices.push_back(outcome.times);
-    return result;
+    return mesh_.step(batch.samples, {.seed = seed, .step = step, .first_sample = batch.first_position});
   }
-
-  // The full model, gathered from the ranks each time it is asked for (collective).
-  nn::Module& model() override {
-    std::vector<NamedTensors> weights(ranks_.size());
-    run_local([&](int r) { weights[static_cast<size_t>(r)] = ranks_[static_cast<size_t>(r)]->gather_full_weights(); });
-    model_ = make_replica_();
-    model_->load_state_dict(weights[0]);
-    return *model_;
-  }
-  void set_lr(double lr) override {
-    for (const auto& rank : ranks_) rank->optimizer().set_lr(lr);
-  }
-  double lr() const override { return ranks_[0]->optimizer().lr(); }
-  NamedTensors optimizer_state() override {
-    std::vector<NamedTensors> states(ranks_.size());
-    run_local(
-        [&](int r) { states[static_cast<size_t>(r)] = ranks_[static_cast<size_t>(r)]->gather_full_optimizer_state(); });
-    return states[0];
-  }
-  int64_t optimizer_state_bytes() const override { return ranks_[0]->optimizer().state_bytes(); }
+  nn::Module& model() override { return mesh_.model(); }
+  void set_lr(double lr) override { mesh_.set_lr(lr); }
+  double lr() const override { return mesh_.lr(); }
+  NamedTensors optimizer_state() override { return mesh_.optimizer_state(); }
+  int64_t optimizer_state_bytes() const override { return mesh_.ranks()[0]->optimizer().state_bytes(); }
   RunPosition restore(const Checkpoint& checkpoint, const std::string& path) override {
-    const std::shared_ptr<nn::Module> full = make_replica_();
+    nn::Module& full = mesh_.model();  // a model of the full shape to check the checkpoint against
     NamedTensors optimizer_state;
     const RunPosition position =
-        restore_train_checkpoint(checkpoint, path, *full, [&](const NamedTensors& state) { optimizer_state = state; });
-    const NamedTensors weights = full->state_dict();
-    for (const auto& rank : ranks_) rank->load_full(weights, optimizer_state);
+        restore_train_checkpoint(checkpoint, path, full, [&](const NamedTensors& state) { optimizer_state = state; });
+    mesh_.load_model_state(full.state_dict());
+    mesh_.load_optimizer_state(optimizer_state);
     return position;
   }
 
@@ -89,11 +58,7 @@ class MeshStrategy final : public TrainStrategy {
     return world_ ? cpu_device_names(world_->rank(), 1) : all_devices();
   }
   std::vector<std::string> all_devices() const override { return cpu_device_names(0, layout_.mesh.size()); }
-  std::vector<Device> local_allocators() const override {
-    std::vector<Device> devices;
-    for (size_t d = 0; d < ranks_.size(); ++d) devices.push_back(Device::cpu(static_cast<int>(d)));
-    return devices;
-  }
+  std::vector<Device> local_allocators() const override { return mesh_.local_devices(); }
   int threads_per_device() const override { return world_ ? threads_ : std::max(1, threads_ / layout_.mesh.size()); }
   int process_threads() const override { return threads_; }
   bool leader() const override { return !world_ || world_->rank() == 0; }
@@ -128,14 +93,14 @@ class MeshStrategy final : public TrainStrategy {
     }
     // A stage holds at most as many micro-batches as the first stage, which holds the most.
     int64_t most = 0;
-    for (const auto& rank : ranks_) most = std::max(most, rank->most_in_flight());
-    const int64_t micro_batches = ranks_[0]->micro_batches();
+    for (const auto& rank : mesh_.ranks()) most = std::max(most, rank->most_in_flight());
+    const int64_t micro_batches = mesh_.ranks()[0]->micro_batches();
     return {{"dp", layout_.mesh.dp},
             {"tp", layout_.mesh.tp},
             {"pp", layout_.mesh.pp},
             {"processes", world_ ? world_->size() : 1},
             {"schedule", parallel::pipeline_schedule_name(layout_.schedule)},
-            {"blocks_per_stage", ranks_[0]->blocks_per_stage()},
+            {"blocks_per_stage", mesh_.ranks()[0]->blocks_per_stage()},
             {"micro_batches", micro_batches},
             {"bubble_measured", busy > 0 ? bubble / busy : 0.0},
             {"bubble_theory", parallel::theoretical_bubble(layout_.mesh.pp, micro_batches)},
@@ -143,22 +108,10 @@ class MeshStrategy final : public TrainStrategy {
   }
 
  private:
-  // task(r) for every rank this process holds, each on its device's worker.
-  void run_local(const std::function<void(int)>& task) {
-    if (workers_) {
-      workers_->run(task);
-    } else {
-      task(0);
-    }
-  }
-
   parallel::GptMeshOptions layout_;
   int threads_;
   std::shared_ptr<comm::Communicator> world_;
-  ReplicaFactory make_replica_;
-  std::unique_ptr<parallel::DeviceWorkers> workers_;
-  std::vector<std::unique_ptr<parallel::GptMeshRank>> ranks_;
-  std::shared_ptr<nn::Module> model_;
+  parallel::GptMeshParallel mesh_;
 };
 
 }  // namespace

@@ -1,0 +1,93 @@
+#include "lockstep/parallel/gpt_mesh_parallel.h"
+
+#include "lockstep/comm/local_communicator.h"
+
+namespace lockstep::parallel {
+
+GptMeshParallel::GptMeshParallel(const GptMeshParallelOptions& options, const MakeModel& make_model,
+                                 const OptimizerFactory& make_optimizer)
+    : options_(options), make_model_(make_model) {
+  const int size = options.mesh.mesh.size();
+  if (options.world) {
+    LOCKSTEP_CHECK(options.world->size() == size)
+        << "a mesh of " << options.mesh.mesh.str() << " needs " << size << " ranks, but the job has "
+        << options.world->size() << " processes";
+    comms_ = {options.world};
+  } else {
+    comms_ = comm::LocalCommunicator::create_group(size);
+    workers_ = std::make_unique<DeviceWorkers>(
+        size, options.threads_per_device, [this](int device, const std::string& message) {
+          // The other devices stop waiting for this one.
+          comms_[static_cast<size_t>(device)]->abort("device " + std::to_string(device) + ": " + message);
+        });
+  }
+  // Every rank cuts its part from one full model, which goes once they have.
+  const std::shared_ptr<nn::Gpt> full = make_model();
+  ranks_.resize(comms_.size());
+  // Rank i of those here lives on cpu:i: every rank under threads, one (cpu:0) per process.
+  run_local([&](int i) {
+    ranks_[static_cast<size_t>(i)] = std::make_unique<GptMeshRank>(*full, options.mesh, comms_[static_cast<size_t>(i)],
+                                                                   Device::cpu(i), make_optimizer);
+  });
+}
+
+GptMeshParallel::~GptMeshParallel() = default;
+
+void GptMeshParallel::run_local(const std::function<void(int)>& task) {
+  if (workers_) {
+    workers_->run(task);
+  } else {
+    task(0);
+  }
+}
+
+StepResult GptMeshParallel::step(const TensorBatch& global_batch, const StepContext& context) {
+  check_batch_has_samples("GptMeshParallel", global_batch);
+  std::vector<GptMeshRank::StepOutcome> outcomes(ranks_.size());
+  run_local([&](int i) {
+    outcomes[static_cast<size_t>(i)] =
+        ranks_[static_cast<size_t>(i)]->step(global_batch.at(options_.tokens), global_batch.at(options_.targets),
+                                             context.first_sample, context.step, context.seed);
+  });
+  StepResult result;
+  result.loss = outcomes[0].loss;
+  for (const auto& outcome : outcomes) result.devices.push_back(outcome.times);
+  return result;
+}
+
+nn::Module& GptMeshParallel::model() {
+  std::vector<NamedTensors> weights(ranks_.size());
+  run_local([&](int i) { weights[static_cast<size_t>(i)] = ranks_[static_cast<size_t>(i)]->gather_full_weights(); });
+  gathered_ = make_model_();
+  gathered_->load_state_dict(weights[0]);
+  return *gathered_;
+}
+
+void GptMeshParallel::load_model_state(const NamedTensors& state) {
+  for (const auto& rank : ranks_) rank->load_full_weights(state);
+}
+
+void GptMeshParallel::set_lr(double lr) {
+  for (const auto& rank : ranks_) rank->optimizer().set_lr(lr);
+}
+
+double GptMeshParallel::lr() const { return ranks_[0]->optimizer().lr(); }
+
+NamedTensors GptMeshParallel::optimizer_state() {
+  std::vector<NamedTensors> states(ranks_.size());
+  run_local(
+      [&](int i) { states[static_cast<size_t>(i)] = ranks_[static_cast<size_t>(i)]->gather_full_optimizer_state(); });
+  return states[0];
+}
+
+void GptMeshParallel::load_optimizer_state(const NamedTensors& state) {
+  for (const auto& rank : ranks_) rank->load_full_optimizer_state(state);
+}
+
+std::vector<Device> GptMeshParallel::local_devices() const {
+  std::vector<Device> devices;
+  for (size_t i = 0; i < ranks_.size(); ++i) devices.push_back(Device::cpu(static_cast<int>(i)));
+  return devices;
+}
+
+}  // namespace lockstep::parallel

@@ -1,0 +1,65 @@
+// A GPT on a D × T × P device mesh as a Layout (gpt_mesh.h for one rank): either this
+// process drives every rank, each a thread on its own CPU device's worker (device_workers.h)
+// over a `local` communicator, or it is one rank of a job a launcher started, over the
+// world communicator given. The batch's token and target fields ([B, T] each) are named by
+// the caller. The full model and the unsharded optimizer state are gathered from the ranks
+// (collective) and loaded into any layout, so checkpoints move between meshes and data
+// parallelism.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/parallel/device_workers.h"
+#include "lockstep/parallel/gpt_mesh.h"
+#include "lockstep/parallel/layout.h"
+
+namespace lockstep::parallel {
+
+struct GptMeshParallelOptions {
+  GptMeshOptions mesh;
+  std::string tokens = "tokens", targets = "targets";  // the batch's fields
+  int threads_per_device = 1;
+  // This process's rank of a launched job (its size the mesh's), or null: every rank here.
+  std::shared_ptr<comm::Communicator> world = nullptr;
+};
+
+class GptMeshParallel final : public Layout {
+ public:
+  // make_model() gives the full model (the same weights at every call); every rank cuts its
+  // part from one copy.
+  using MakeModel = std::function<std::shared_ptr<nn::Gpt>()>;
+  GptMeshParallel(const GptMeshParallelOptions& options, const MakeModel& make_model,
+                  const OptimizerFactory& make_optimizer);
+  ~GptMeshParallel() override;
+
+  // StepResult::devices: one entry per rank this process drives, in rank order.
+  StepResult step(const TensorBatch& global_batch, const StepContext& context) override;
+  // The full model, gathered from the ranks each time it is asked for (collective).
+  nn::Module& model() override;
+  void load_model_state(const NamedTensors& state) override;
+  void set_lr(double lr) override;
+  double lr() const override;
+  NamedTensors optimizer_state() override;
+  void load_optimizer_state(const NamedTensors& state) override;
+  // cpu:r for each rank r this process drives.
+  std::vector<Device> local_devices() const override;
+
+  const std::vector<std::unique_ptr<GptMeshRank>>& ranks() const { return ranks_; }
+
+ private:
+  // task(i) for every rank this process holds, each on its device's worker.
+  void run_local(const std::function<void(int)>& task);
+
+  GptMeshParallelOptions options_;
+  MakeModel make_model_;
+  std::vector<std::shared_ptr<comm::Communicator>> comms_;
+  std::unique_ptr<DeviceWorkers> workers_;
+  std::vector<std::unique_ptr<GptMeshRank>> ranks_;
+  std::shared_ptr<nn::Gpt> gathered_;
+};
+
+}  // namespace lockstep::parallel
