@@ -1,6 +1,8 @@
 // Your own model, your own loss, your own data, on every device: copy this to start.
 // A model with two inputs learns float targets with a mean-squared-error loss, trained by
-// parallel::DataParallel on N CPU devices of this process:
+// parallel::DataParallel on N CPU devices of this process and the library's training loop
+// (train::Trainer: data order, learning-rate schedule, and with out_dir set, metrics,
+// checkpoints and resume):
 //
 //   build/bin/regression --devices 1
 //   build/bin/regression --devices 4      # the same weights_sha256, bit for bit
@@ -12,12 +14,12 @@
 #include <cstring>
 
 #include "lockstep/core/philox.h"
-#include "lockstep/io/weights_sha256.h"
 #include "lockstep/nn/init.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/data_parallel.h"
+#include "lockstep/train/trainer.h"
 
 using namespace lockstep;
 
@@ -63,29 +65,25 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  constexpr int64_t kSamples = 4096, kGlobalBatch = 64, kMicroBatch = 8, kEpochs = 3;
   constexpr uint64_t kSeed = 0;
   try {
-    const TensorBatch data = synthetic_data(kSamples, kSeed);
+    const auto data = std::make_shared<TensorDataset>(synthetic_data(4096, kSeed));
     parallel::DataParallel dp(
-        {.loss = squared_error, .devices = devices, .micro_batch = kMicroBatch},
+        {.loss = squared_error, .devices = devices, .micro_batch = 8},
         [](int) {
           auto model = std::make_shared<TwoInputModel>();
           nn::initialize(*model, kSeed);  // the same initial weights on every device
           return model;
         },
         [](std::vector<Tensor> params) {
-          return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 3e-3});
+          return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{});
         });
-    uint64_t step = 0;
-    for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
-      double loss = 0;
-      for (int64_t first = 0; first < kSamples; first += kGlobalBatch, ++step) {
-        loss = dp.step(data.slice(first, kGlobalBatch), {.seed = kSeed, .step = step, .first_sample = first}).loss;
-      }
-      std::printf("epoch %lld  mean squared error %.5f\n", static_cast<long long>(epoch + 1), loss);
-    }
-    std::printf("weights_sha256 %s\n", weights_sha256(dp.model()).c_str());
+    // Batches of 64 in one shuffled order per epoch, at a constant learning rate.
+    train::Trainer trainer(dp, data, {.batch_size = 64, .epochs = 3, .seed = kSeed, .lr = 3e-3, .progress = false});
+    const train::TrainSummary summary = trainer.fit();
+    std::printf("%lld steps, mean squared error %.5f\n", static_cast<long long>(summary.steps),
+                train::evaluate_loss(dp.model(), *data, squared_error));
+    std::printf("weights_sha256 %s\n", summary.weights_sha256.c_str());
     return 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "regression: %s\n", error.what());

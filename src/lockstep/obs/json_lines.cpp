@@ -9,7 +9,8 @@
 
 namespace lockstep {
 
-JsonLinesWriter::JsonLinesWriter(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "w")) {
+JsonLinesWriter::JsonLinesWriter(const std::string& path, bool append)
+    : path_(path), file_(std::fopen(path.c_str(), append ? "a" : "w")) {
   LOCKSTEP_CHECK(file_ != nullptr) << "cannot write " << path << ": " << std::strerror(errno);
 }
 

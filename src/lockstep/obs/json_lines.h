@@ -10,7 +10,9 @@ namespace lockstep {
 
 class JsonLinesWriter {
  public:
-  explicit JsonLinesWriter(const std::string& path);  // truncates; Error naming the path if it cannot
+  // Truncates, or with `append` adds to what is there (a resumed run's metrics); an Error
+  // names the path if it cannot.
+  explicit JsonLinesWriter(const std::string& path, bool append = false);
   ~JsonLinesWriter();
   JsonLinesWriter(const JsonLinesWriter&) = delete;
   JsonLinesWriter& operator=(const JsonLinesWriter&) = delete;
