@@ -304,6 +304,9 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   if ((!o.compare.empty() || o.backend == "mpi") && !mpi_compiled_in()) {
     throw UsageError("this build has no MPI: install libopenmpi-dev (scripts/install-deps) and rebuild");
   }
+  if (o.iters < 1) throw UsageError("-n (--iters) must be at least 1, got " + std::to_string(o.iters));
+  if (o.warmup < 0) throw UsageError("-w (--warmup_iters) must be 0 or more, got " + std::to_string(o.warmup));
+  if (o.ranks < 0) throw UsageError("-g (--ranks) must be at least 1, got " + std::to_string(o.ranks));
   const int ranks = static_cast<int>(o.ranks > 0 ? o.ranks : host_cores());
   // Every setting is checked here, before any rank starts.
   try {

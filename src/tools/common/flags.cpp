@@ -115,4 +115,10 @@ std::string Flags::usage() const {
   return out.str();
 }
 
+std::string flag_number(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
 }  // namespace lockstep::tools

@@ -42,4 +42,7 @@ class Flags {
   std::vector<std::string> given_;
 };
 
+// A flag's number as a user would type it back ("0.5", "-1", "1e-05"), for messages.
+std::string flag_number(double value);
+
 }  // namespace lockstep::tools

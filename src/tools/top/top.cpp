@@ -116,7 +116,7 @@ int top_main(const std::vector<std::string>& args) {
   flags.add("serve", &options.serve, "Prometheus metrics on GET /metrics at [HOST]:PORT, dcgm-exporter's names");
   if (!flags.parse(long_flags(args))) return 0;
   if (!(options.interval > 0))
-    throw UsageError("-l " + std::to_string(options.interval) + ": the interval must be more than 0 seconds");
+    throw UsageError("--interval " + flag_number(options.interval) + ": the interval must be more than 0 seconds");
   if (options.count < 0) throw UsageError("--count must be 0 (until stopped) or more");
   if (once) {
     if (flags.given("count") && options.count != 1) throw UsageError("--once is --count 1; give one or the other");

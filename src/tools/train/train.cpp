@@ -125,17 +125,13 @@ void check_options(const TrainOptions& options) {
   const auto require = [](bool ok, const std::string& message) {
     if (!ok) throw UsageError(message);
   };
-  const auto number = [](double x) {
-    std::ostringstream text;
-    text << x;
-    return text.str();
-  };
   require(options.batch_size > 0, "--batch-size must be at least 1, got " + std::to_string(options.batch_size));
   require(options.micro_batch > 0, "--micro-batch must be at least 1, got " + std::to_string(options.micro_batch));
-  require(options.bucket_mb > 0, "--bucket-mb must be positive, got " + number(options.bucket_mb));
+  require(options.bucket_mb > 0, "--bucket-mb must be positive, got " + flag_number(options.bucket_mb));
   require(options.epochs >= 0, "--epochs must be 0 or more, got " + std::to_string(options.epochs));
   require(options.steps >= -1, "--steps must be 0 or more, got " + std::to_string(options.steps));
-  require(options.lr > 0 && std::isfinite(options.lr), "--lr must be a positive number, got " + number(options.lr));
+  require(options.lr > 0 && std::isfinite(options.lr),
+          "--lr must be a positive number, got " + flag_number(options.lr));
   require(options.threads >= 0, "--threads must be 1 or more, got " + std::to_string(options.threads));
   require(options.log_every > 0, "--log-every must be at least 1, got " + std::to_string(options.log_every));
   if (!options.lr_schedule.empty()) {
@@ -152,10 +148,11 @@ void check_options(const TrainOptions& options) {
 
 int train_main(const std::vector<std::string>& args) {
   TrainOptions options;
-  Flags flags("lockstep train",
-              "Trains a model on Fashion-MNIST (cnn, mlp, resnet) and prints its test accuracy, or a GPT on byte-level\n"
-              "text (gpt) and prints its validation loss and a sample. Writes metrics.jsonl,\n"
-              "checkpoint.safetensors and summary.json under --out.");
+  Flags flags(
+      "lockstep train",
+      "Trains a model on Fashion-MNIST (cnn, mlp, resnet) and prints its test accuracy, or a GPT on byte-level\n"
+      "text (gpt) and prints its validation loss and a sample. Writes metrics.jsonl,\n"
+      "checkpoint.safetensors and summary.json under --out.");
   flags.add("model", &options.model, "cnn, mlp or resnet (Fashion-MNIST), gpt (text)");
   flags.add("preset", &options.preset, "gpt's shape: tiny, small or gpt2-124m");
   flags.add("layers", &options.layers, "gpt: transformer blocks (default: the preset's)");
@@ -248,9 +245,7 @@ int train_main(const std::vector<std::string>& args) {
   if (options.optimizer.empty()) options.optimizer = kDefaultOptimizer;
   // -1 stands for "the optimizer's default": a negative --lr must not pass for it.
   if (flags.given("lr") && !(options.lr > 0)) {
-    std::ostringstream given;
-    given << options.lr;
-    throw UsageError("--lr must be a positive number, got " + given.str());
+    throw UsageError("--lr must be a positive number, got " + flag_number(options.lr));
   }
   if (options.lr < 0) options.lr = default_lr(options.model, options.optimizer);
   if (options.micro_batch < 0) options.micro_batch = default_micro_batch(options.batch_size);
