@@ -32,10 +32,10 @@
 namespace lockstep::parallel {
 
 struct SequentialPipelineOptions {
-  std::string input;                      // the batch field the first layer reads
-  OutputLoss loss = nullptr;              // per-sample losses of the last layer's output
-  int replicas = 1, stages = 2;           // D and P
-  std::vector<int64_t> layers_per_stage;  // empty: balanced by parameter count
+  std::string input;                           // the batch field the first layer reads
+  OutputLoss loss = nullptr;                   // per-sample losses of the last layer's output
+  int replicas = 1, stages = 2;                // D and P
+  std::vector<int64_t> layers_per_stage = {};  // empty: balanced by parameter count
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t micro_batch = 1;
 };
