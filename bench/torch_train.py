@@ -53,7 +53,7 @@ def load_training_set(data_dir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp", "resnet"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20, help="steps per timed repetition")
     parser.add_argument("--warmup", type=int, default=3)
@@ -80,7 +80,7 @@ def main():
 
     # The models' one definition, shared with the cross-check fixtures.
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
-    from torch_models import CNN, MLP
+    from torch_models import CNN, MLP, ResNet
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -88,7 +88,7 @@ def main():
     n = images.shape[0]
 
     device = torch.device(args.device)
-    model = (CNN() if args.model == "cnn" else MLP()).to(device)
+    model = {"cnn": CNN, "mlp": MLP, "resnet": ResNet}[args.model]().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     state = {"order": torch.randperm(n, generator=generator), "at": 0}

@@ -1,4 +1,4 @@
-// Training throughput of the built-in models (cnn, mlp) on Fashion-MNIST, Lockstep beside
+// Training throughput of the built-in models (cnn, mlp, resnet) on Fashion-MNIST, Lockstep beside
 // PyTorch (bench/torch_train.py) with the same model, batch, optimizer and thread count, and
 // beside the machine's single-precision GEMM peak. Every measurement runs in a child process
 // of its own, so each peak RSS is that run's alone and the two never share a process.
@@ -64,7 +64,7 @@ struct Options {
 };
 
 // Sized so the whole program takes a minute or two on a 2-core machine.
-int64_t default_steps(const std::string& model) { return model == "cnn" ? 30 : 80; }
+int64_t default_steps(const std::string& model) { return model == "mlp" ? 80 : 30; }
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -85,6 +85,19 @@ std::vector<Layer> gemm_layers(const std::string& model) {
             {"conv2", 64.0 * 11 * 11 * (32 * 9)},
             {"fc1", 1600.0 * 128},
             {"fc2", 128.0 * 10}};
+  }
+  if (model == "resnet") {
+    // 28x28 (stem, layer1) -> 14x14 (layer2) -> 7x7 (layer3); 3x3 convs, 1x1 downsamples
+    return {{"conv1", 16.0 * 28 * 28 * (1 * 9)},
+            {"layer1.conv1", 16.0 * 28 * 28 * (16 * 9)},
+            {"layer1.conv2", 16.0 * 28 * 28 * (16 * 9)},
+            {"layer2.conv1", 32.0 * 14 * 14 * (16 * 9)},
+            {"layer2.conv2", 32.0 * 14 * 14 * (32 * 9)},
+            {"layer2.downsample", 32.0 * 14 * 14 * 16},
+            {"layer3.conv1", 64.0 * 7 * 7 * (32 * 9)},
+            {"layer3.conv2", 64.0 * 7 * 7 * (64 * 9)},
+            {"layer3.downsample", 64.0 * 7 * 7 * 32},
+            {"fc", 64.0 * 10}};
   }
   return {{"fc1", 784.0 * 512}, {"fc2", 512.0 * 512}, {"fc3", 512.0 * 10}};
 }
