@@ -124,10 +124,11 @@ GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std
   optimizer_ = make_optimizer(stage_->parameters());
 }
 
-GptMeshRank::StepOutcome GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_t first_sample,
-                                           uint64_t step, uint64_t seed) {
-  StepOutcome outcome;
-  DeviceTimes& times = outcome.times;
+StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_t first_sample, uint64_t step,
+                             uint64_t seed) {
+  StepResult outcome;
+  outcome.devices.resize(1);
+  DeviceTimes& times = outcome.devices[0];
   StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
   const MeshShape& shape = mesh_.shape();

@@ -49,14 +49,11 @@ class GptMeshRank {
   GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std::shared_ptr<comm::Communicator> world,
               Device device, const OptimizerFactory& make_optimizer);
 
-  struct StepOutcome {
-    double loss = 0;  // mean cross-entropy over the global batch, the same on every rank
-    DeviceTimes times;
-  };
   // One optimizer step on the global batch, tokens and targets [B, T] (every rank is given
   // all of it and takes its replica's share), whose first sample has global index
-  // first_sample. Collective over the mesh.
-  StepOutcome step(const Tensor& tokens, const Tensor& targets, int64_t first_sample, uint64_t step, uint64_t seed);
+  // first_sample. Collective over the mesh. The loss is the mean cross-entropy over the
+  // global batch, the same on every rank; devices[0] is this rank's time.
+  StepResult step(const Tensor& tokens, const Tensor& targets, int64_t first_sample, uint64_t step, uint64_t seed);
 
   const DeviceMesh& mesh() const { return mesh_; }
   GptStage& stage() { return *stage_; }

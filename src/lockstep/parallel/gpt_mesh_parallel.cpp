@@ -43,7 +43,7 @@ void GptMeshParallel::run_local(const std::function<void(int)>& task) {
 
 StepResult GptMeshParallel::step(const TensorBatch& global_batch, const StepContext& context) {
   check_batch_has_samples("GptMeshParallel", global_batch);
-  std::vector<GptMeshRank::StepOutcome> outcomes(ranks_.size());
+  std::vector<StepResult> outcomes(ranks_.size());
   run_local([&](int i) {
     outcomes[static_cast<size_t>(i)] =
         ranks_[static_cast<size_t>(i)]->step(global_batch.at(options_.tokens), global_batch.at(options_.targets),
@@ -51,7 +51,7 @@ StepResult GptMeshParallel::step(const TensorBatch& global_batch, const StepCont
   });
   StepResult result;
   result.loss = outcomes[0].loss;
-  for (const auto& outcome : outcomes) result.devices.push_back(outcome.times);
+  for (const StepResult& outcome : outcomes) result.devices.push_back(outcome.devices.at(0));
   return result;
 }
 
