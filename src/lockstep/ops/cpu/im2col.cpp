@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "lockstep/core/parallel.h"
 
@@ -65,6 +66,23 @@ void im2col_plane_unpadded(const T* src, const Window2d& win, T* dst, int64_t ld
   }
 }
 
+// A padded window of stride 1 (ResNet's 3x3 convolutions): the plane is first copied into a
+// zero-bordered one, whose columns are then row copies as above. Cutting each row at the
+// borders instead (the general loop below) spends more on bounds and short fills than on
+// copying at these sizes. The columns are the same values either way.
+template <typename T>
+void im2col_plane_padded_stride1(const T* src, const Window2d& win, T* dst, int64_t ld, std::vector<T>& plane) {
+  Window2d padded = win;
+  padded.in_h = win.in_h + 2 * win.pad_h;
+  padded.in_w = win.in_w + 2 * win.pad_w;
+  padded.pad_h = padded.pad_w = 0;
+  plane.assign(static_cast<size_t>(padded.in_h * padded.in_w), T(0));
+  for (int64_t h = 0; h < win.in_h; ++h)
+    std::memcpy(plane.data() + (h + win.pad_h) * padded.in_w + win.pad_w, src + h * win.in_w,
+                static_cast<size_t>(win.in_w) * sizeof(T));
+  im2col_plane_unpadded(plane.data(), padded, dst, ld);
+}
+
 // Enough elements per task that threading pays for itself.
 int64_t task_grain(const Window2d& win) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, win.kernel_area() * win.out_plane()));
@@ -77,13 +95,18 @@ void im2col(const T* x, int64_t count, int64_t channels, const Window2d& win, T*
   const int64_t H = win.in_h, W = win.in_w, OH = win.out_h, OW = win.out_w, P = win.out_plane();
   const int64_t KH = win.kernel_h, KW = win.kernel_w, sh = win.stride_h, sw = win.stride_w;
   const int64_t ph = win.pad_h, pw = win.pad_w;
-  const bool unpadded = sh == 1 && sw == 1 && ph == 0 && pw == 0;
+  const bool stride1 = sh == 1 && sw == 1, unpadded = stride1 && ph == 0 && pw == 0;
   parallel_for(count * channels, task_grain(win), [&](int64_t begin, int64_t end) {
+    std::vector<T> plane;  // the padded plane, reused across this task range's planes
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / channels, c = task % channels;
       const T* src = x + task * H * W;
       if (unpadded) {
         im2col_plane_unpadded(src, win, col + c * KH * KW * ld + g * P, ld);
+        continue;
+      }
+      if (stride1) {
+        im2col_plane_padded_stride1(src, win, col + c * KH * KW * ld + g * P, ld, plane);
         continue;
       }
       for (int64_t kh = 0; kh < KH; ++kh) {
