@@ -137,7 +137,7 @@ StepResult DistributedDataParallel::step(const TensorBatch& global_batch, const 
   const int64_t share = global_batch.size() / comm_->size();
   LOCKSTEP_CHECK(share * comm_->size() == global_batch.size())
       << "a global batch of " << global_batch.size() << " samples does not split evenly over " << comm_->size()
-      << " ranks: make --batch-size a multiple of the rank count";
+      << " ranks: make the global batch a multiple of the rank count";
   const int64_t first = comm_->rank() * share;
   return step_on_share(global_batch.slice(first, share),
                        {.seed = context.seed, .step = context.step, .first_sample = context.first_sample + first});

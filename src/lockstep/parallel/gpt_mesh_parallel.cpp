@@ -1,7 +1,5 @@
 #include "lockstep/parallel/gpt_mesh_parallel.h"
 
-#include "lockstep/comm/local_communicator.h"
-
 namespace lockstep::parallel {
 
 GptMeshParallel::GptMeshParallel(const GptMeshParallelOptions& options, const MakeModel& make_model,
@@ -12,30 +10,24 @@ GptMeshParallel::GptMeshParallel(const GptMeshParallelOptions& options, const Ma
     LOCKSTEP_CHECK(options.world->size() == size)
         << "a mesh of " << options.mesh.mesh.str() << " needs " << size << " ranks, but the job has "
         << options.world->size() << " processes";
-    comms_ = {options.world};
   } else {
-    comms_ = comm::LocalCommunicator::create_group(size);
-    workers_ = std::make_unique<DeviceWorkers>(
-        size, options.threads_per_device, [this](int device, const std::string& message) {
-          // The other devices stop waiting for this one.
-          comms_[static_cast<size_t>(device)]->abort("device " + std::to_string(device) + ": " + message);
-        });
+    local_ = std::make_unique<LocalRanks>(size, options.threads_per_device);
   }
   // Every rank cuts its part from one full model, which goes once they have.
   const std::shared_ptr<nn::Gpt> full = make_model();
-  ranks_.resize(comms_.size());
+  ranks_.resize(local_ ? static_cast<size_t>(size) : 1);
   // Rank i of those here lives on cpu:i: every rank under threads, one (cpu:0) per process.
   run_local([&](int i) {
-    ranks_[static_cast<size_t>(i)] = std::make_unique<GptMeshRank>(*full, options.mesh, comms_[static_cast<size_t>(i)],
-                                                                   Device::cpu(i), make_optimizer);
+    ranks_[static_cast<size_t>(i)] = std::make_unique<GptMeshRank>(
+        *full, options.mesh, local_ ? local_->comm(i) : options.world, Device::cpu(i), make_optimizer);
   });
 }
 
 GptMeshParallel::~GptMeshParallel() = default;
 
 void GptMeshParallel::run_local(const std::function<void(int)>& task) {
-  if (workers_) {
-    workers_->run(task);
+  if (local_) {
+    local_->run(task);
   } else {
     task(0);
   }
@@ -49,10 +41,7 @@ StepResult GptMeshParallel::step(const TensorBatch& global_batch, const StepCont
         ranks_[static_cast<size_t>(i)]->step(global_batch.at(options_.tokens), global_batch.at(options_.targets),
                                              context.first_sample, context.step, context.seed);
   });
-  StepResult result;
-  result.loss = outcomes[0].loss;
-  for (const StepResult& outcome : outcomes) result.devices.push_back(outcome.devices.at(0));
-  return result;
+  return merge_rank_results(outcomes);
 }
 
 nn::Module& GptMeshParallel::model() {

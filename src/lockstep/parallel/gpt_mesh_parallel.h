@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
-#include "lockstep/parallel/device_workers.h"
 #include "lockstep/parallel/gpt_mesh.h"
 #include "lockstep/parallel/layout.h"
+#include "lockstep/parallel/local_ranks.h"
 
 namespace lockstep::parallel {
 
@@ -56,8 +56,7 @@ class GptMeshParallel final : public Layout {
 
   GptMeshParallelOptions options_;
   MakeModel make_model_;
-  std::vector<std::shared_ptr<comm::Communicator>> comms_;
-  std::unique_ptr<DeviceWorkers> workers_;
+  std::unique_ptr<LocalRanks> local_;  // every rank here; null when this process is one rank
   std::vector<std::unique_ptr<GptMeshRank>> ranks_;
   std::shared_ptr<nn::Gpt> gathered_;
 };

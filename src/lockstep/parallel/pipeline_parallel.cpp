@@ -1,7 +1,5 @@
 #include "lockstep/parallel/pipeline_parallel.h"
 
-#include "lockstep/comm/local_communicator.h"
-
 namespace lockstep::parallel {
 
 PipelineParallel::PipelineParallel(const SequentialPipelineOptions& options, const MakeModel& make_model,
@@ -9,16 +7,12 @@ PipelineParallel::PipelineParallel(const SequentialPipelineOptions& options, con
   LOCKSTEP_CHECK(options.replicas >= 1 && options.stages >= 1)
       << "a pipeline needs at least one replica and one stage, got " << options.replicas << " x " << options.stages;
   const int size = options.replicas * options.stages;
-  comms_ = comm::LocalCommunicator::create_group(size);
+  local_ = std::make_unique<LocalRanks>(size, threads_per_device);
   ranks_.resize(static_cast<size_t>(size));
-  workers_ = std::make_unique<DeviceWorkers>(size, threads_per_device, [this](int rank, const std::string& message) {
-    comms_[static_cast<size_t>(rank)]->abort("rank " + std::to_string(rank) + ": " +
-                                             message);  // the others stop waiting
-  });
   // Construction is collective (the mesh's groups), so every rank builds its own at once.
-  workers_->run([&](int r) {
-    ranks_[static_cast<size_t>(r)] = std::make_unique<SequentialPipelineRank>(
-        make_model(), options, comms_[static_cast<size_t>(r)], Device::cpu(r), make_optimizer);
+  local_->run([&](int r) {
+    ranks_[static_cast<size_t>(r)] = std::make_unique<SequentialPipelineRank>(make_model(), options, local_->comm(r),
+                                                                              Device::cpu(r), make_optimizer);
   });
 }
 
@@ -26,16 +20,13 @@ PipelineParallel::~PipelineParallel() = default;
 
 StepResult PipelineParallel::step(const TensorBatch& global_batch, const StepContext& context) {
   std::vector<StepResult> results(ranks_.size());
-  workers_->run(
+  local_->run(
       [&](int r) { results[static_cast<size_t>(r)] = ranks_[static_cast<size_t>(r)]->step(global_batch, context); });
-  StepResult result;
-  result.loss = results[0].loss;
-  for (const StepResult& rank : results) result.devices.push_back(rank.devices.at(0));
-  return result;
+  return merge_rank_results(results);
 }
 
 nn::Module& PipelineParallel::model() {
-  workers_->run([&](int r) { ranks_[static_cast<size_t>(r)]->gather_full(); });
+  local_->run([&](int r) { ranks_[static_cast<size_t>(r)]->gather_full(); });
   return ranks_[0]->model();
 }
 
@@ -51,7 +42,7 @@ double PipelineParallel::lr() const { return ranks_[0]->optimizer().lr(); }
 
 NamedTensors PipelineParallel::optimizer_state() {
   std::vector<NamedTensors> gathered(ranks_.size());
-  workers_->run(
+  local_->run(
       [&](int r) { gathered[static_cast<size_t>(r)] = ranks_[static_cast<size_t>(r)]->gather_full_optimizer_state(); });
   return gathered[0];
 }

@@ -1,6 +1,6 @@
 // Pipeline parallelism for any nn::Sequential in one process: the D × P ranks of
 // sequential_pipeline.h as threads, one per CPU device (cpu:0 .. cpu:D·P-1), each on its own
-// long-lived worker (device_workers.h) over a `local` communicator. A Layout like the others,
+// long-lived worker over a `local` communicator (local_ranks.h). A Layout like the others,
 // so a training loop drives it as it drives DataParallel: the same bits as one device.
 // Programs with one process per device build a SequentialPipelineRank themselves.
 #pragma once
@@ -9,9 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "lockstep/comm/communicator.h"
-#include "lockstep/parallel/device_workers.h"
 #include "lockstep/parallel/layout.h"
+#include "lockstep/parallel/local_ranks.h"
 #include "lockstep/parallel/sequential_pipeline.h"
 
 namespace lockstep::parallel {
@@ -41,8 +40,7 @@ class PipelineParallel final : public Layout {
   SequentialPipelineRank& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }
 
  private:
-  std::vector<std::shared_ptr<comm::Communicator>> comms_;
-  std::unique_ptr<DeviceWorkers> workers_;
+  std::unique_ptr<LocalRanks> local_;
   std::vector<std::unique_ptr<SequentialPipelineRank>> ranks_;
 };
 
