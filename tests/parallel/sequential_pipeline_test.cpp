@@ -145,5 +145,22 @@ TEST(SequentialPipeline, BadLayoutsAreErrorsThatSayWhatSumsToWhat) {
   EXPECT_THROW(PipelineParallel(pipeline(1, 9, PipelineSchedule::gpipe), make_net, adamw), Error);
 }
 
+// A stage whose loss throws stops the others at once: stage 0 waits for its gradients in
+// the pipeline group, which the failing rank's abort reaches through its world group (it
+// hung before abort went to split groups).
+TEST(SequentialPipeline, AFailingStageStopsTheOthersAtOnce) {
+  SequentialPipelineOptions options = pipeline(1, 2, PipelineSchedule::one_f_one_b);
+  options.loss = [](const Tensor&, const TensorBatch&, const StepContext&) -> Tensor {
+    throw Error("the targets are bad");
+  };
+  PipelineParallel pp(options, make_net, adamw);
+  try {
+    train_step(pp, synthetic(kBatch, 0), 0, 0);
+    ADD_FAILURE() << "the step went through";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the targets are bad"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::parallel

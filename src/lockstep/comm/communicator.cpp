@@ -232,8 +232,24 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   const CollectiveDesc desc = next_desc(CollectiveKind::split, nullptr, 0, ReduceOp::sum, 0);
   std::shared_ptr<Communicator> result;
   run_sync(kCollectives, [&] { result = do_split(color, key, desc); });
-  if (result) result->set_timeout(timeout());
+  if (result) {
+    result->set_timeout(timeout());
+    const std::lock_guard lock(subgroups_mutex_);
+    subgroups_.push_back(result);
+  }
   return result;
+}
+
+void Communicator::abort(const std::string& reason) {
+  abort_peers(reason);
+  std::vector<std::shared_ptr<Communicator>> live;
+  {
+    const std::lock_guard lock(subgroups_mutex_);
+    for (const auto& subgroup : subgroups_) {
+      if (auto group = subgroup.lock()) live.push_back(std::move(group));
+    }
+  }
+  for (const auto& group : live) group->abort(reason);
 }
 
 Tensor Communicator::empty_shared(const Shape& shape, DType dtype, Device device) {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "lockstep/comm/collective.h"
 #include "lockstep/comm/reduce_op.h"
@@ -91,12 +92,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // May be changed at any time; calls already waiting keep the limit they started with.
   std::chrono::milliseconds timeout() const { return timeout_.load(); }
-  // This rank gives up (its own code failed): peers waiting for it fail at once with
-  // `reason` instead of at their timeout. Backends that cannot tell their peers do nothing.
-  virtual void abort(const std::string& /*reason*/) {}
+  // This rank gives up (its own code failed): peers waiting for it, on this group and on
+  // every group split from it (a mesh's stage peers wait in those), fail at once with
+  // `reason` instead of at their timeout.
+  void abort(const std::string& reason);
   void set_timeout(std::chrono::milliseconds timeout) { timeout_.store(timeout); }
 
  protected:
+  // abort()'s part for this group: tell its peers. Backends that cannot do nothing.
+  virtual void abort_peers(const std::string& /*reason*/) {}
+
   // Backends implement these. Tensors are contiguous and locally consistent (sizes agree
   // with size(), dtypes reducible, ranks in range); desc carries the call's sequence
   // number and arguments for the cross-rank check.
@@ -142,6 +147,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int rank_;
   int size_;
   std::atomic<std::chrono::milliseconds> timeout_;  // read by the lanes' worker threads
+  std::mutex subgroups_mutex_;
+  std::vector<std::weak_ptr<Communicator>> subgroups_;  // what split() made, for abort()
   uint64_t sequence_ = 0;
   std::atomic<double> blocking_seconds_{0};
 

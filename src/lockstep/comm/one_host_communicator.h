@@ -28,13 +28,14 @@ class OneHostCommunicator : public Communicator {
   // The all_reduce size (bytes) up to which every rank folds the whole buffer. Every rank
   // of the group must use the same value.
   void set_direct_all_reduce_bytes(size_t bytes) { direct_bytes_ = bytes; }
-  void abort(const std::string& reason) override { mark(RankState::failed, reason); }
   bool shares_memory() const override { return true; }  // host memory: empty_common
 
  protected:
   // control: the group's control block, laid out by GroupLayout(size) and already
   // constructed. The subclass keeps its memory alive at least as long as this object.
   OneHostCommunicator(int rank, int size, void* control);
+
+  void abort_peers(const std::string& reason) override { mark(RankState::failed, reason); }
 
   // How peers reach [data, data + bytes): a reference when they can read it directly.
   virtual std::optional<BufferRef> direct_ref(const void* data, size_t bytes) = 0;
