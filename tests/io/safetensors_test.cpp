@@ -94,6 +94,10 @@ TEST(Safetensors, WritesExactlyTheSpecifiedBytes) {
   save_safetensors(dir.file("plain.safetensors"), {{"x", Tensor::from_vector<int64_t>({-1}, {1})}});
   EXPECT_EQ(testing::read_bytes(dir.file("plain.safetensors")),
             encode_by_hand(R"({"x":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", Bytes(8, 0xFF)));
+
+  // The metadata alone, read from the header.
+  EXPECT_EQ(load_safetensors_metadata(dir.file("tiny.safetensors")), (Metadata{{"format", "pt"}}));
+  EXPECT_TRUE(load_safetensors_metadata(dir.file("plain.safetensors")).empty());
 }
 
 TEST(Safetensors, ReadsAHandEncodedFileInAnyOrder) {

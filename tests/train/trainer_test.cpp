@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/test_files.h"
+#include "lockstep/io/weights_sha256.h"
 #include "lockstep/nn/init.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/ops/ops.h"
@@ -108,6 +109,69 @@ TEST(Trainer, ACheckpointOfAnotherRecipeIsRefusedByName) {
   const auto second = layout(1);
   testing::expect_error([&] { Trainer(*second, data, other).fit(); },
                         {"checkpoint.safetensors was made with batch_size 16, this run has 32"});
+}
+
+// What a program adds: its recipe in the checkpoint, fields in the metrics, and the hooks
+// called at the start, after each step and after training; the model it may use alone.
+TEST(Trainer, KeepsTheRecipeAndCallsTheHooks) {
+  TempDir dir;
+  const auto data = regression_data();
+  const auto dp = layout(2);
+  TrainerOptions options = recipe(dir.file("run"), 12);
+  options.recipe = {{"model", "linear-2-1"}};
+  Trainer trainer(*dp, data, options);
+  std::vector<int64_t> started, stepped;
+  int trained = 0;
+  trainer.on_start = [&](int64_t first, int64_t total) { started = {first, total}; };
+  trainer.on_step = [&](int64_t step, const Batch&, const parallel::StepResult&) { stepped.push_back(step); };
+  trainer.on_metrics = [](nlohmann::json& line, const parallel::StepResult& result) {
+    line["devices"] = result.devices.size();
+  };
+  trainer.on_trained = [&] { ++trained; };
+  const TrainSummary summary = trainer.fit();
+  EXPECT_EQ(started, (std::vector<int64_t>{0, 12}));
+  EXPECT_EQ(stepped.size(), 12u);
+  EXPECT_EQ(stepped.back(), 12);
+  EXPECT_EQ(trained, 1);
+  EXPECT_EQ(summary.samples, 12 * 16);
+  EXPECT_EQ(weights_sha256(trainer.trained_model()), summary.weights_sha256);
+  const Metadata saved = load_safetensors_metadata(dir.file("run/checkpoint.safetensors"));
+  EXPECT_EQ(saved.at("model"), "linear-2-1");
+  EXPECT_EQ(saved.at("step"), "12");
+  std::ifstream metrics(dir.file("run/metrics.jsonl"));
+  std::string first_line;
+  std::getline(metrics, first_line);
+  EXPECT_EQ(nlohmann::json::parse(first_line)["devices"], 2);
+
+  TrainerOptions reserved = options;
+  reserved.recipe["step"] = "3";
+  testing::expect_error([&] { Trainer(*dp, data, reserved); }, {"the recipe may not set 'step'"});
+}
+
+// resume "none" starts afresh over a folder's checkpoint; a path resumes from that file
+// into another folder.
+TEST(Trainer, ResumeNamesTheCheckpointOrNone) {
+  TempDir dir;
+  const auto data = regression_data();
+  const auto whole = layout(1);
+  const std::string straight = Trainer(*whole, data, recipe(dir.file("whole"), 12)).fit().weights_sha256;
+  const auto first = layout(1);
+  Trainer(*first, data, recipe(dir.file("a"), 5)).fit();
+
+  TrainerOptions elsewhere = recipe(dir.file("b"), 12);
+  elsewhere.resume = dir.file("a/checkpoint.safetensors");
+  const auto second = layout(1);
+  const TrainSummary resumed = Trainer(*second, data, elsewhere).fit();
+  EXPECT_EQ(resumed.resumed_from, 5);
+  EXPECT_EQ(resumed.weights_sha256, straight);
+
+  TrainerOptions afresh = recipe(dir.file("a"), 12);
+  afresh.resume = "none";
+  const auto third = layout(1);
+  const TrainSummary fresh = Trainer(*third, data, afresh).fit();
+  EXPECT_EQ(fresh.resumed_from, 0);
+  EXPECT_EQ(fresh.weights_sha256, straight);
+  EXPECT_EQ(lines_of(dir.file("a/metrics.jsonl")), 6) << "a fresh start writes its metrics anew";
 }
 
 TEST(Trainer, EvaluateLossIsTheMeanOverEveryTerm) {

@@ -216,49 +216,83 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   }
 }
 
-TensorFile load_safetensors(const std::string& path) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
+namespace {
+
+// A safetensors file's header, parsed: the tensors' bytes start at data_start.
+struct Header {
+  Json json;
+  int64_t data_start = 0;
+  int64_t file_bytes = 0;
+};
+
+int open_for_reading(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     const int err = errno;
     LOCKSTEP_FAIL() << "cannot open safetensors file '" << path << "': " << std::strerror(err);
   }
+  return fd;
+}
+
+Header read_header(const FileDescriptor& fd, const std::string& path) {
+  Header file;
   struct stat info {};
   LOCKSTEP_CHECK(::fstat(fd.get(), &info) == 0 && S_ISREG(info.st_mode))
       << "safetensors file '" << path << "' is not a regular file";
-  const auto file_bytes = static_cast<int64_t>(info.st_size);
-  LOCKSTEP_CHECK(file_bytes >= 8) << "safetensors file '" << path << "' holds " << file_bytes
-                                  << " bytes, too few for the 8-byte header length";
+  file.file_bytes = static_cast<int64_t>(info.st_size);
+  LOCKSTEP_CHECK(file.file_bytes >= 8) << "safetensors file '" << path << "' holds " << file.file_bytes
+                                       << " bytes, too few for the 8-byte header length";
   uint64_t header_bytes = 0;
   read_all(fd.get(), &header_bytes, 8, 0, path);
-  LOCKSTEP_CHECK(header_bytes <= static_cast<uint64_t>(file_bytes - 8))
+  LOCKSTEP_CHECK(header_bytes <= static_cast<uint64_t>(file.file_bytes - 8))
       << "safetensors file '" << path << "' declares a header of " << header_bytes << " bytes but the file holds only "
-      << file_bytes << " bytes: it is truncated or not a safetensors file";
+      << file.file_bytes << " bytes: it is truncated or not a safetensors file";
   std::string text(header_bytes, '\0');
   read_all(fd.get(), text.data(), text.size(), 8, path);
   LOCKSTEP_CHECK(!text.empty() && text[0] == '{')
       << "safetensors file '" << path << "': the header does not start with '{': not a safetensors file";
-
-  Json header;
   try {
-    header = Json::parse(text);
+    file.json = Json::parse(text);
   } catch (const Json::exception& e) {
     LOCKSTEP_FAIL() << "safetensors file '" << path << "': the header is not valid JSON: " << e.what();
   }
-  LOCKSTEP_CHECK(header.is_object()) << "safetensors file '" << path << "': the header is not a JSON object";
+  LOCKSTEP_CHECK(file.json.is_object()) << "safetensors file '" << path << "': the header is not a JSON object";
+  file.data_start = 8 + static_cast<int64_t>(header_bytes);
+  return file;
+}
 
-  const int64_t data_start = 8 + static_cast<int64_t>(header_bytes);
-  const int64_t buffer_bytes = file_bytes - data_start;
+Metadata parse_metadata(const Json& value, const std::string& path) {
+  LOCKSTEP_CHECK(value.is_object()) << "safetensors file '" << path << "': __metadata__ must be an object, got "
+                                    << value.dump();
+  Metadata metadata;
+  for (const auto& [meta_key, meta_value] : value.items()) {
+    LOCKSTEP_CHECK(meta_value.is_string()) << "safetensors file '" << path << "': metadata '" << meta_key
+                                           << "' must be a string, got " << meta_value.dump();
+    metadata[meta_key] = meta_value.get<std::string>();
+  }
+  return metadata;
+}
+
+}  // namespace
+
+Metadata load_safetensors_metadata(const std::string& path) {
+  const FileDescriptor fd(open_for_reading(path));
+  const Header file = read_header(fd, path);
+  const auto it = file.json.find(kMetadataKey);
+  return it == file.json.end() ? Metadata{} : parse_metadata(*it, path);
+}
+
+TensorFile load_safetensors(const std::string& path) {
+  const FileDescriptor fd(open_for_reading(path));
+  const Header file = read_header(fd, path);
+  const Json& header = file.json;
+  const int64_t data_start = file.data_start;
+  const int64_t buffer_bytes = file.file_bytes - data_start;
   TensorFile result;
   std::vector<Entry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
-      LOCKSTEP_CHECK(value.is_object()) << "safetensors file '" << path << "': __metadata__ must be an object, got "
-                                        << value.dump();
-      for (const auto& [meta_key, meta_value] : value.items()) {
-        LOCKSTEP_CHECK(meta_value.is_string()) << "safetensors file '" << path << "': metadata '" << meta_key
-                                               << "' must be a string, got " << meta_value.dump();
-        result.metadata[meta_key] = meta_value.get<std::string>();
-      }
+      result.metadata = parse_metadata(value, path);
       continue;
     }
     entries.push_back(parse_entry(key, value, buffer_bytes, path));

@@ -32,5 +32,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
 
 // Reads a whole file into CPU tensors. Accepts the dtypes F32, F64, BF16, F16, I32, I64, U8.
 TensorFile load_safetensors(const std::string& path);
+// Only the metadata, read from the header without the tensors' bytes.
+Metadata load_safetensors_metadata(const std::string& path);
 
 }  // namespace lockstep

@@ -3,15 +3,18 @@
 // schedule, the progress bar, metrics.jsonl, a checkpoint at the end and exact resume from
 // it, and summary.json with weights_sha256 — for a user's model, loss, dataset and optimizer
 // on any parallel::Layout. A step is (seed, global batch, micro-batch): the result does not
-// depend on the layout, the device count, or on a stop and a resume.
+// depend on the layout, the device count, or on a stop and a resume. A program adds its own
+// reports through the hooks (`lockstep train` adds its per-device table and memory).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "lockstep/data/dataloader.h"
+#include "lockstep/io/safetensors.h"
 #include "lockstep/parallel/layout.h"
 
 namespace lockstep::train {
@@ -23,11 +26,18 @@ struct TrainerOptions {
   uint64_t seed = 0;   // data order and random layers (initialization is the model's own)
   double lr = 1e-3;
   std::string lr_schedule = "constant";  // optim/schedule.h: constant, step:N[:GAMMA], cosine[:warmup=N]...
-  // Where metrics.jsonl, checkpoint.safetensors and summary.json go ("": nowhere). A
-  // checkpoint found there is resumed from.
+  // Where metrics.jsonl, checkpoint.safetensors and summary.json go ("": nowhere).
   std::string out_dir = "";
-  int64_t log_every = 10;  // steps between metrics lines
-  bool progress = true;    // the progress bar on stderr
+  // The checkpoint the run continues from: "auto" (out_dir's, when it has one), "none"
+  // (start afresh; out_dir's checkpoint is replaced at the end), or a checkpoint's path.
+  std::string resume = "auto";
+  // What the program needs to rebuild the run (its model's name and shape, its settings),
+  // saved in the checkpoint's metadata beside the trainer's own keys (step, epoch, sample,
+  // seed, batch_size), which it may not use.
+  Metadata recipe = {};
+  bool write_summary = true;  // summary.json (a program writing a fuller one turns it off)
+  int64_t log_every = 10;     // steps between metrics lines
+  bool progress = true;       // the progress bar on stderr
   // Whether this process writes files and draws progress: under one process per device,
   // rank 0 only. Every process runs every step and collective either way.
   bool leader = true;
@@ -36,6 +46,8 @@ struct TrainerOptions {
 struct TrainSummary {
   int64_t steps = 0;         // taken in all, the resumed part included
   int64_t resumed_from = 0;  // the step the run started from (0, or a checkpoint's)
+  int64_t samples = 0;       // trained on in this run
+  LoaderPosition position;   // of the data order after the last step
   double loss = 0;           // of the last step
   double seconds = 0;        // this run's training time
   double samples_per_second = 0;
@@ -48,9 +60,19 @@ class Trainer {
 
   // Runs to the last step; returns what it also writes to summary.json.
   TrainSummary fit();
+  // The full model fit() assembled at its end, to evaluate or save. Unlike layout.model(),
+  // which is collective where the model is sharded across processes, any process may use it
+  // alone. Valid until the layout's next step.
+  nn::Module& trained_model() const;
 
-  // Called after every step (extra metrics, early stopping by exception, ...).
+  // The hooks, all optional. Before the first step, once the run's extent is known:
+  std::function<void(int64_t first_step, int64_t total_steps)> on_start;
+  // After every step (extra reports, early stopping by exception, ...):
   std::function<void(int64_t step, const Batch& batch, const parallel::StepResult& result)> on_step;
+  // With each metrics.jsonl line before it is written, to add fields:
+  std::function<void(nlohmann::json& line, const parallel::StepResult& result)> on_metrics;
+  // After the last step, before the checkpoint is assembled and written:
+  std::function<void()> on_trained;
 
   static constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 
@@ -58,6 +80,7 @@ class Trainer {
   parallel::Layout& layout_;
   std::shared_ptr<const Dataset> train_set_;
   TrainerOptions options_;
+  nn::Module* trained_ = nullptr;
 };
 
 // The mean of a per-sample loss (parallel/loss_function.h) over a dataset, in eval mode and

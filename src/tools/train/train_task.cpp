@@ -1,55 +1,18 @@
 #include "tools/train/train_task.h"
 
-#include <algorithm>
-
 #include "lockstep/core/error.h"
 #include "lockstep/data/fashion_mnist.h"
 #include "lockstep/data/text_dataset.h"
 #include "lockstep/nn/models.h"
 
 namespace lockstep::tools {
-namespace {
 
-nn::GptConfig gpt_config(const TrainOptions& options) {
-  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--layers", options.layers},
-                                    {"--heads", options.heads},
-                                    {"--width", options.width},
-                                    {"--context", options.context}}) {
-    if (value < 0) {
-      throw UsageError(std::string(flag) + " must be positive (leave it out for the preset's), got " +
-                       std::to_string(value));
-    }
-  }
-  if (options.sample_bytes < 0)
-    throw UsageError("--sample must be 0 or more bytes, got " + std::to_string(options.sample_bytes));
-  if (!(options.temperature >= 0)) {
-    throw UsageError("--temperature must be 0 (greedy) or more, got " + std::to_string(options.temperature));
-  }
-  nn::GptConfig config;
-  try {
-    config = nn::gpt_preset(options.preset);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--preset: ") + e.what());
-  }
-  if (options.layers > 0) config.layers = options.layers;
-  if (options.heads > 0) config.heads = options.heads;
-  if (options.width > 0) config.width = options.width;
-  if (options.context > 0) config.context = options.context;
-  try {
-    nn::check_gpt_config(config);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--model gpt: ") + e.what() + " (set by --preset, --layers, --heads, --width)");
-  }
-  return config;
-}
-
-}  // namespace
-
-TrainTask make_train_task(const TrainOptions& options) {
+TrainTask make_train_task(const TrainPlan& plan) {
+  const TrainOptions& options = plan.settings;
   TrainTask task;
   if (options.model == "gpt") {
     task.language_model = true;
-    task.gpt = gpt_config(options);
+    task.gpt = plan.gpt;
     const TextSplits text = load_text(options.data_dir);
     task.train = std::make_shared<TensorDataset>(text_windows(text.train, task.gpt.context));
     task.test = std::make_shared<TensorDataset>(text_windows(text.validation, task.gpt.context));
@@ -66,10 +29,6 @@ TrainTask make_train_task(const TrainOptions& options) {
       return model;
     };
     return task;
-  }
-  const std::vector<std::string> images = nn::model_names();
-  if (std::find(images.begin(), images.end(), options.model) == images.end()) {
-    throw UsageError("--model must be cnn, mlp, resnet (Fashion-MNIST) or gpt (text), got '" + options.model + "'");
   }
   const std::string dir = options.data_dir.empty() ? kFashionMnistDefaultDir : options.data_dir;
   task.train = std::make_shared<TensorDataset>(load_fashion_mnist(dir, Split::train));

@@ -12,7 +12,7 @@
 #include "lockstep/nn/gpt.h"
 #include "lockstep/nn/module.h"
 #include "lockstep/parallel/loss_function.h"
-#include "tools/train/train_options.h"
+#include "tools/train/train_plan.h"
 
 namespace lockstep::tools {
 
@@ -29,8 +29,7 @@ struct TrainTask {
   parallel::LossFunction loss;
 };
 
-// Loads the data and settles the model's shape (--preset, then --layers/--heads/--width/
-// --context over it). UsageError for a bad model name, preset or shape.
-TrainTask make_train_task(const TrainOptions& options);
+// Loads the plan's data and makes its model factory.
+TrainTask make_train_task(const TrainPlan& plan);
 
 }  // namespace lockstep::tools

@@ -1,0 +1,200 @@
+// The plan of `lockstep train`, made for hosts and launchers this machine is not: every
+// default settled from the environment it is given (cores, GPUs, a launcher's ranks), a
+// checkpoint's settings taken or checked against the flags, and bad combinations refused
+// as usage errors naming the flags.
+#include "tools/train/train_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::tools {
+namespace {
+
+// Flags as parsed: the options with the fields `given` names set by the test.
+struct Command {
+  TrainOptions flags;
+  std::set<std::string> given;
+};
+
+TrainPlan plan(const Command& command, const TrainEnvironment& environment) {
+  return plan_training(
+      command.flags, [&](const std::string& flag) { return command.given.contains(flag); }, environment);
+}
+
+TrainEnvironment host(int cores, int gpus = 0) {
+  TrainEnvironment environment;
+  environment.visible_gpus = gpus;
+  environment.host_cores = cores;
+  environment.fresh_out_dir = "runs/fresh";
+  return environment;
+}
+
+// A process of a job of `world` processes, `per_host` to a host.
+TrainEnvironment launched(int rank, int world, int per_host, int cores, int gpus = 0) {
+  TrainEnvironment environment = host(cores, gpus);
+  environment.launch.rank = rank;
+  environment.launch.world_size = world;
+  environment.launch.local_rank = rank % per_host;
+  environment.launch.local_world_size = per_host;
+  environment.launch.launcher = "torchrun";
+  return environment;
+}
+
+std::string usage_error(const Command& command, const TrainEnvironment& environment) {
+  try {
+    plan(command, environment);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no usage error";
+  return "";
+}
+
+TEST(TrainPlan, DefaultsComeFromTheHost) {
+  const TrainPlan p = plan({}, host(4));
+  EXPECT_EQ(p.settings.strategy, "dp");
+  EXPECT_EQ(p.settings.device_type, DeviceType::cpu);
+  EXPECT_EQ(p.settings.devices, 4);  // one CPU device per core
+  EXPECT_EQ(p.settings.optimizer, "adamw");
+  EXPECT_DOUBLE_EQ(p.settings.lr, 4e-3);
+  EXPECT_EQ(p.settings.micro_batch, 4);  // an eighth of the batch of 32
+  EXPECT_EQ(p.accumulation, 2);          // 8 micro-batches over 4 devices
+  EXPECT_EQ(p.process_threads, 4);
+  EXPECT_EQ(p.threads_per_device, 1);
+  EXPECT_TRUE(p.leader);
+  EXPECT_EQ(p.out_dir, "runs/fresh");
+  EXPECT_EQ(p.resume_checkpoint, "");
+  EXPECT_EQ(p.lr_schedule(1000), "cosine:warmup=100");
+  EXPECT_EQ(p.lr_schedule(30), "cosine:warmup=3");  // a tenth of a short run
+}
+
+TEST(TrainPlan, DevicesShareTheStepsMicroBatchesOrAreFewer) {
+  // 8 micro-batches do not split over 3 devices as the tree needs: 2 of them.
+  EXPECT_EQ(plan({}, host(3)).settings.devices, 2);
+  // Every visible GPU when there are some, and its threads are the host's.
+  const TrainPlan gpus = plan({}, host(16, 8));
+  EXPECT_EQ(gpus.settings.device_type, DeviceType::cuda);
+  EXPECT_EQ(gpus.settings.devices, 8);
+  EXPECT_EQ(gpus.threads_per_device, 2);
+  Command cpu;
+  cpu.flags.devices_flag = "cpu";
+  cpu.given = {"devices"};
+  EXPECT_EQ(plan(cpu, host(16, 8)).settings.device_type, DeviceType::cpu);
+}
+
+TEST(TrainPlan, ADistributedProcessIsOneDeviceOfItsJob) {
+  Command ddp;
+  ddp.flags.strategy = "zero1";
+  ddp.given = {"strategy"};
+  const TrainPlan p = plan(ddp, launched(3, 4, 2, 8));
+  EXPECT_EQ(p.settings.devices, 4);
+  EXPECT_EQ(p.processes, 4);
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_FALSE(p.leader);
+  EXPECT_EQ(p.process_threads, 4);  // 8 cores shared by the host's 2 processes
+  EXPECT_EQ(p.accumulation, 2);
+  // On GPUs the backend becomes NCCL, and a local rank needs a GPU of its own.
+  EXPECT_EQ(plan(ddp, launched(1, 2, 2, 8, 2)).settings.backend, "nccl");
+  EXPECT_NE(usage_error(ddp, launched(1, 2, 2, 8, 1)).find("local rank 1 has no GPU"), std::string::npos);
+  ddp.flags.devices_flag = "2";
+  ddp.given.insert("devices");
+  EXPECT_NE(usage_error(ddp, launched(0, 4, 4, 8)).find("this job has 4 process(es), not --devices 2"),
+            std::string::npos);
+}
+
+TEST(TrainPlan, MeshFlagsLayOutAGptMesh) {
+  Command mesh;
+  mesh.flags.model = "gpt";
+  mesh.flags.tp = 2;
+  mesh.flags.devices_flag = "4";
+  mesh.given = {"model", "tp", "devices"};
+  const TrainPlan p = plan(mesh, host(4));
+  EXPECT_EQ(p.settings.strategy, "mesh");
+  EXPECT_EQ(p.mesh.mesh.dp, 2);  // --devices / (tp x pp)
+  EXPECT_EQ(p.mesh.mesh.tp, 2);
+  EXPECT_EQ(p.replicas, 2);
+  EXPECT_EQ(p.processes, 1);
+  EXPECT_EQ(p.settings.layers, nn::gpt_preset("tiny").layers);  // the resolved shape, for the checkpoint
+  EXPECT_EQ(p.lr_schedule(100), "cosine");
+
+  // Under a launcher each process is one device of the mesh.
+  const TrainPlan process = plan({mesh.flags, {"model", "tp"}}, launched(2, 4, 4, 4));
+  EXPECT_EQ(process.processes, 4);
+  EXPECT_EQ(process.rank, 2);
+
+  mesh.flags.strategy = "ddp";
+  mesh.given.insert("strategy");
+  EXPECT_NE(usage_error(mesh, host(4)).find("they do not go with --strategy ddp"), std::string::npos);
+  Command cnn;
+  cnn.flags.pp = 2;
+  cnn.given = {"pp"};
+  EXPECT_NE(usage_error(cnn, host(4)).find("use --model gpt"), std::string::npos);
+}
+
+TEST(TrainPlan, ACheckpointFixesItsSettingsAndRefusesOthers) {
+  const Metadata checkpoint = {{"format", "lockstep-train-2"}, {"model", "mlp"},
+                               {"optimizer", "sgd"},           {"seed", "7"},
+                               {"batch_size", "64"},           {"micro_batch", "16"}};
+  TrainEnvironment environment = host(2);
+  environment.checkpoint_path = "runs/a/checkpoint.safetensors";
+  environment.checkpoint = checkpoint;
+  Command resume;
+  resume.flags.resume_dir = "runs/a";
+  resume.given = {"resume"};
+  const TrainPlan p = plan(resume, environment);
+  EXPECT_EQ(p.settings.model, "mlp");
+  EXPECT_EQ(p.settings.seed, 7u);
+  EXPECT_EQ(p.settings.batch_size, 64);
+  EXPECT_EQ(p.settings.micro_batch, 16);
+  EXPECT_DOUBLE_EQ(p.settings.lr, 0.05);  // sgd's default
+  EXPECT_EQ(p.resume_checkpoint, "runs/a/checkpoint.safetensors");
+  EXPECT_EQ(p.out_dir, "runs/a");
+
+  resume.flags.batch_size = 32;
+  resume.given.insert("batch-size");
+  try {
+    plan(resume, environment);
+    ADD_FAILURE() << "a contradicting --batch-size was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a run with --batch-size 64, not 32"), std::string::npos) << e.what();
+  }
+
+  environment.checkpoint->at("seed") = "-1";
+  resume.flags.batch_size = 64;
+  EXPECT_THROW(plan(resume, environment), Error);
+}
+
+TEST(TrainPlan, OutOfRangeValuesAreUsageErrors) {
+  const auto error_of = [](auto set, const std::string& flag) {
+    Command command;
+    set(command.flags);
+    command.given = {flag};
+    return usage_error(command, host(2));
+  };
+  EXPECT_NE(error_of([](TrainOptions& o) { o.batch_size = 0; }, "batch-size").find("--batch-size must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TrainOptions& o) { o.lr = -1; }, "lr").find("--lr must be a positive number"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TrainOptions& o) { o.precision = "bf16"; }, "precision").find("runs on GPU devices"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TrainOptions& o) { o.precision = "f8"; }, "precision").find("must be f32, bf16 or f16"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TrainOptions& o) { o.model = "vit"; }, "model").find("--model must be"), std::string::npos);
+  EXPECT_NE(error_of([](TrainOptions& o) { o.lr_schedule = "linear"; }, "lr-schedule").find("--lr-schedule"),
+            std::string::npos);
+  EXPECT_NE(error_of(
+                [](TrainOptions& o) {
+                  o.model = "gpt";
+                  o.devices_flag = "cuda";
+                },
+                "devices")
+                .find("run on CPU devices in this version"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace lockstep::tools
