@@ -11,6 +11,7 @@
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/nn/sequential.h"
+#include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/pipeline_parallel.h"
@@ -103,6 +104,78 @@ TEST(SequentialPipeline, EveryCutAndScheduleGivesOneDevicesBits) {
     EXPECT_EQ(run.state, one.state) << name;
     EXPECT_EQ(run.losses, one.losses) << name;
     EXPECT_TRUE(same_state(run.optimizer_state, one.optimizer_state)) << name;
+  }
+}
+
+// Passes its input on; its parameter takes no part in the forward pass.
+class PassThroughWithUnused : public nn::Module {
+ public:
+  PassThroughWithUnused() : nn::Module("PassThroughWithUnused") {
+    unused = register_parameter("unused", Tensor::from_vector<float>({0.5f, -0.25f}, {2}));
+  }
+  Tensor forward(const Tensor& x) override { return x; }
+  void reset_parameter(const std::string&, const Tensor&, Philox&) override {}  // keeps its values
+  Tensor unused;
+};
+
+// y depends on both inputs: x1 [n, 6] and x2 [n, 3], float targets [n, 2].
+TensorBatch two_input_batch(int64_t n, uint64_t step) {
+  Philox rng(kSeed, 3000 + step);
+  std::vector<float> x1(static_cast<size_t>(n * 6)), x2(static_cast<size_t>(n * 3)), y(static_cast<size_t>(n * 2));
+  for (float& v : x1) v = uint_to_unit_float(rng.next_u32()) - 0.5f;
+  for (float& v : x2) v = uint_to_unit_float(rng.next_u32()) - 0.5f;
+  for (int64_t i = 0; i < n; ++i) {
+    y[static_cast<size_t>(2 * i)] = x1[static_cast<size_t>(6 * i)] - 2 * x2[static_cast<size_t>(3 * i + 1)];
+    y[static_cast<size_t>(2 * i + 1)] = x1[static_cast<size_t>(6 * i + 3)] * x2[static_cast<size_t>(3 * i + 2)];
+  }
+  return {{"x1", Tensor::from_vector(x1, {n, 6})},
+          {"x2", Tensor::from_vector(x2, {n, 3})},
+          {"y", Tensor::from_vector(y, {n, 2})}};
+}
+
+Tensor both_inputs(const TensorBatch& batch) { return concat({batch["x1"], batch["x2"]}, 1); }
+
+// Linear(9, 16), ReLU, a pass-through with an unused parameter, Linear(16, 2).
+std::shared_ptr<nn::Sequential> make_regression() {
+  auto net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(9, 16), std::make_shared<nn::ReLU>(), std::make_shared<PassThroughWithUnused>(),
+      std::make_shared<nn::Linear>(16, 2)});
+  nn::initialize(*net, kSeed);
+  return net;
+}
+
+// A two-input model with an MSE loss and an unused parameter, in 2 stages (its first stage's
+// input made from both fields), ends with one device's bits; the unused parameter is as it was.
+TEST(SequentialPipeline, ATwoInputMseModelWithAnUnusedParameterGivesOneDevicesBits) {
+  const LossFunction mse = [](nn::Module& model, const TensorBatch& batch, const StepContext&) {
+    return square(model(both_inputs(batch)) - batch["y"]);
+  };
+  const auto train = [](Layout& layout) {
+    for (int s = 0; s < 3; ++s)
+      layout.step(two_input_batch(kBatch, static_cast<uint64_t>(s)),
+                  {.seed = kSeed, .step = static_cast<uint64_t>(s), .first_sample = s * kBatch});
+    return state_bits(layout.model());
+  };
+  // Without weight decay, which (as under DataParallel, whose bits these are) reaches a
+  // parameter with a zero gradient too.
+  const OptimizerFactory adam = [](std::vector<Tensor> params) {
+    return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0});
+  };
+  DataParallel one(
+      {.loss = mse, .devices = 1, .micro_batch = kMicro}, [](int) { return make_regression(); }, adam);
+  const std::vector<std::string> expected = train(one);
+  EXPECT_NE(expected, state_bits(*make_regression())) << "training changed nothing";
+  for (const PipelineSchedule schedule : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+    PipelineParallel pp({.make_input = both_inputs,
+                         .loss = squared_error_of("y"),
+                         .stages = 2,
+                         .layers_per_stage = {2, 2},
+                         .schedule = schedule,
+                         .micro_batch = kMicro},
+                        make_regression, adam);
+    EXPECT_EQ(train(pp), expected) << pipeline_schedule_name(schedule);
+    const auto& unused = static_cast<PassThroughWithUnused&>(*static_cast<nn::Sequential&>(pp.model())[2]).unused;
+    EXPECT_EQ(unused.to_vector<float>(), (std::vector<float>{0.5f, -0.25f}));
   }
 }
 

@@ -69,8 +69,9 @@ SequentialPipelineRank::SequentialPipelineRank(std::shared_ptr<nn::Sequential> m
   LOCKSTEP_CHECK(options.loss) << "SequentialPipelineRank has no loss: set SequentialPipelineOptions::loss, the "
                                   "per-sample loss of the last layer's output (e.g. parallel::cross_entropy_loss_of("
                                   "\"target\")), see parallel/loss_function.h";
-  LOCKSTEP_CHECK(!options.input.empty()) << "SequentialPipelineRank: name the batch field the first layer reads "
-                                            "(SequentialPipelineOptions::input)";
+  LOCKSTEP_CHECK(options.input.empty() != (options.make_input == nullptr))
+      << "SequentialPipelineRank: name the batch field the first layer reads (SequentialPipelineOptions::input), "
+         "or give make_input to build it from several fields; not both";
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
   sizes_ = sequential_stage_sizes(*model_, options);
@@ -128,7 +129,8 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
     if (op.forward) {
       const TensorBatch micro_batch = global_batch.slice(row, micro);
       if (first_stage) {
-        slot.input = micro_batch.at(options_.input).to(device_);
+        slot.input =
+            (options_.make_input ? options_.make_input(micro_batch) : micro_batch.at(options_.input)).to(device_);
       } else {
         const Tensor header = Tensor::empty({kHeaderLength}, DType::i64);
         links.recv(header, stage() - 1, kHeader);

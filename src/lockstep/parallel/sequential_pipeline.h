@@ -15,6 +15,7 @@
 // an evaluation.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,8 +32,13 @@
 
 namespace lockstep::parallel {
 
+// How the first stage makes its input from a micro-batch, for a model with several inputs
+// (concatenated, stacked, ...); it sees the data only, never the model's parameters.
+using StageInput = std::function<Tensor(const TensorBatch& micro_batch)>;
+
 struct SequentialPipelineOptions {
-  std::string input;                           // the batch field the first layer reads
+  std::string input = "";                      // the batch field the first layer reads, or:
+  StageInput make_input = nullptr;             // the first layer's input made from several fields
   OutputLoss loss = nullptr;                   // per-sample losses of the last layer's output
   int replicas = 1, stages = 2;                // D and P
   std::vector<int64_t> layers_per_stage = {};  // empty: balanced by parameter count
