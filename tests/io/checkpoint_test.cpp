@@ -115,5 +115,32 @@ TEST(Checkpoint, ValidationErrorsLeaveThePreviousCheckpoint) {
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"ckpt"}));
 }
 
+// A byte changed after the save, or a file cut short, is an error naming the file; the
+// hash is checked against an independent one of the same fields.
+TEST(Checkpoint, AChangedOrTruncatedFileIsRefusedByItsHash) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt");
+  const NamedTensors state = model_state(1.0f);
+  save_checkpoint(path, state, {{"step", "3"}});
+  EXPECT_EQ(load_safetensors_metadata(path).at(kTensorsSha256Key), tensors_sha256(state));
+  EXPECT_NE(tensors_sha256(state), tensors_sha256(model_state(2.0f)));
+  // Renaming a tensor changes the hash too, not only its bytes.
+  NamedTensors renamed = state;
+  renamed[0].first = "model.fc.bias";
+  EXPECT_NE(tensors_sha256(state), tensors_sha256(renamed));
+
+  Bytes bytes = testing::read_bytes(path);
+  bytes[bytes.size() - 9] ^= 0x01;  // inside the first tensor's last element
+  testing::write_bytes(path, bytes);
+  expect_error([&] { load_checkpoint(path); }, {path, "is corrupt"});
+
+  save_checkpoint(path, state, {{"step", "3"}});
+  bytes = testing::read_bytes(path);
+  bytes.resize(bytes.size() - 4);
+  testing::write_bytes(path, bytes);
+  expect_error([&] { load_checkpoint(path); }, {path});
+  expect_error([&] { save_checkpoint(path, state, {{kTensorsSha256Key, "x"}}); }, {"the checkpoint's own"});
+}
+
 }  // namespace
 }  // namespace lockstep

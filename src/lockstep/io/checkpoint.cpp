@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "lockstep/io/sha256.h"
+
 namespace lockstep {
 namespace {
 
@@ -53,10 +55,38 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   fsync_path(parent_directory(path), O_RDONLY | O_DIRECTORY);
 }
 
-void save_checkpoint(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
-  write_file_atomically(path, [&](const std::string& temp) { save_safetensors(temp, tensors, metadata); });
+std::string tensors_sha256(const NamedTensors& tensors) {
+  Sha256 hash;
+  for (const auto& [name, tensor] : tensors) {
+    // Each field ends with a NUL, so no two lists of names and shapes hash alike.
+    hash.update(name.c_str(), name.size() + 1);
+    const std::string dtype = dtype_name(tensor.dtype());
+    hash.update(dtype.c_str(), dtype.size() + 1);
+    for (int64_t size : tensor.shape()) hash.update(&size, sizeof(size));
+    hash.update("", 1);
+    hash.update(tensor);
+  }
+  return hash.hex_digest();
 }
 
-Checkpoint load_checkpoint(const std::string& path) { return load_safetensors(path); }
+void save_checkpoint(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
+  LOCKSTEP_CHECK(!metadata.contains(kTensorsSha256Key))
+      << "checkpoint: the metadata key '" << kTensorsSha256Key << "' is the checkpoint's own";
+  Metadata with_hash = metadata;
+  with_hash[kTensorsSha256Key] = tensors_sha256(tensors);
+  write_file_atomically(path, [&](const std::string& temp) { save_safetensors(temp, tensors, with_hash); });
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  Checkpoint checkpoint = load_safetensors(path);
+  const auto recorded = checkpoint.metadata.find(kTensorsSha256Key);
+  if (recorded == checkpoint.metadata.end()) return checkpoint;
+  const std::string actual = tensors_sha256(checkpoint.tensors);
+  LOCKSTEP_CHECK(actual == recorded->second)
+      << "checkpoint '" << path << "' is corrupt: its tensors hash to " << actual.substr(0, 12) << "..., it records "
+      << recorded->second.substr(0, 12) << "...";
+  checkpoint.metadata.erase(recorded);
+  return checkpoint;
+}
 
 }  // namespace lockstep
