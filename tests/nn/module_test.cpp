@@ -166,6 +166,21 @@ TEST(Module, LoadStateDictStripsTheDdpPrefix) {
   EXPECT_EQ(target->state_dict()[4].second.to_vector<float>(), source->state_dict()[4].second.to_vector<float>());
 }
 
+// Names under another prefix than DDP's (a Lockstep checkpoint's "model.", a wrapper's):
+// the error says which prefix to remove.
+TEST(Module, StrictLoadNamesAPrefixTheStateHasAndTheModelLacks) {
+  const auto model = make_model("mlp", 1);
+  NamedTensors prefixed;
+  for (const auto& [name, t] : make_model("mlp", 2)->state_dict()) prefixed.emplace_back("model." + name, t);
+  try {
+    model->load_state_dict(prefixed);
+    ADD_FAILURE() << "prefixed names were loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("have the prefix 'model.' that this model's lack"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Module, StrictLoadNamesEveryMissingUnexpectedAndMisshapedKey) {
   const auto model = make_model("mlp", 3);
   const std::vector<float> before = model->state_dict()[1].second.to_vector<float>();

@@ -1,6 +1,7 @@
 #include "lockstep/nn/module.h"
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -165,6 +166,22 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
 
   std::ostringstream message;
   if (strict && !missing.empty()) message << "\n\tMissing key(s) in state_dict: " << join_quoted(missing) << ".";
+  // Every unexpected key is a missing one under a prefix (PyTorch's DDP saves "module.",
+  // Lockstep's checkpoints "model."): say so.
+  if (strict && !unexpected.empty() && unexpected.size() == missing.size()) {
+    const std::string& first = unexpected.front();
+    for (const std::string& wanted : missing) {
+      if (first.size() <= wanted.size() || first.compare(first.size() - wanted.size(), wanted.size(), wanted) != 0)
+        continue;
+      const std::string prefix = first.substr(0, first.size() - wanted.size());
+      const std::set<std::string> extra(unexpected.begin(), unexpected.end());
+      const bool all =
+          std::all_of(missing.begin(), missing.end(), [&](const std::string& m) { return extra.contains(prefix + m); });
+      if (all)
+        message << "\n\tThe state_dict's names have the prefix '" << prefix << "' that this model's lack: remove it.";
+      break;
+    }
+  }
   if (strict && !unexpected.empty())
     message << "\n\tUnexpected key(s) in state_dict: " << join_quoted(unexpected) << ".";
   if (!duplicated.empty()) message << "\n\tDuplicate key(s) in state_dict: " << join_quoted(duplicated) << ".";
