@@ -4,11 +4,15 @@
 #include "lockstep/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "io/test_files.h"
+#include "lockstep/io/checkpoint.h"
 #include "lockstep/io/weights_sha256.h"
 #include "lockstep/nn/init.h"
 #include "lockstep/nn/linear.h"
@@ -108,7 +112,7 @@ TEST(Trainer, ACheckpointOfAnotherRecipeIsRefusedByName) {
   other.batch_size = 32;
   const auto second = layout(1);
   testing::expect_error([&] { Trainer(*second, data, other).fit(); },
-                        {"checkpoint.safetensors was made with batch_size 16, this run has 32"});
+                        {"checkpoint-00000002.safetensors was made with batch_size 16, this run has 32"});
 }
 
 // What a program adds: its recipe in the checkpoint, fields in the metrics, and the hooks
@@ -172,6 +176,98 @@ TEST(Trainer, ResumeNamesTheCheckpointOrNone) {
   EXPECT_EQ(fresh.resumed_from, 0);
   EXPECT_EQ(fresh.weights_sha256, straight);
   EXPECT_EQ(lines_of(dir.file("a/metrics.jsonl")), 6) << "a fresh start writes its metrics anew";
+}
+
+std::vector<std::string> checkpoint_files(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("checkpoint", 0) == 0) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Every 2 steps, the newest 2 kept, the latest a second name of the newest; a damaged newest
+// one is skipped with a warning naming it, and the run resumed from the one before ends
+// with the uninterrupted run's bits.
+TEST(Trainer, CheckpointsWhileTrainingAndACorruptNewestIsSkipped) {
+  TempDir dir;
+  const auto data = regression_data();
+  const auto straight = layout(1);
+  const std::string whole = Trainer(*straight, data, recipe(dir.file("whole"), 12)).fit().weights_sha256;
+  TrainerOptions options = recipe(dir.file("run"), 12);
+  options.checkpoint_every = 2;
+  const auto first = layout(2);
+  const TrainSummary summary = Trainer(*first, data, options).fit();
+  EXPECT_EQ(summary.checkpoints, 6);  // steps 2, 4, 6, 8, 10 and the end's
+  EXPECT_EQ(checkpoint_files(dir.file("run")),
+            (std::vector<std::string>{"checkpoint-00000010.safetensors", "checkpoint-00000012.safetensors",
+                                      "checkpoint.safetensors"}));
+  EXPECT_TRUE(std::filesystem::equivalent(dir.file("run/checkpoint.safetensors"),
+                                          dir.file("run/checkpoint-00000012.safetensors")));
+
+  // The newest save is cut short, as by a crash during a write of another kind.
+  std::filesystem::resize_file(dir.file("run/checkpoint-00000012.safetensors"), 100);
+  ::testing::internal::CaptureStderr();
+  const auto resumed = layout(1);
+  const TrainSummary again = Trainer(*resumed, data, options).fit();
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(again.resumed_from, 10);
+  EXPECT_EQ(again.weights_sha256, whole);
+  EXPECT_NE(warnings.find("skipping checkpoint " + dir.file("run/checkpoint-00000012.safetensors")), std::string::npos)
+      << warnings;
+}
+
+// stop_at_step ends the run early with a checkpoint and the recipe unchanged; a signal
+// stops it at the next step boundary. Either way the resumed run ends with the bits of one
+// that never stopped.
+TEST(Trainer, AStopAtAStepOrBySignalResumesToTheSameBits) {
+  TempDir dir;
+  const auto data = regression_data();
+  const auto straight = layout(1);
+  const std::string whole = Trainer(*straight, data, recipe(dir.file("whole"), 12)).fit().weights_sha256;
+
+  TrainerOptions stopping = recipe(dir.file("stop"), 12);
+  stopping.stop_at_step = 7;
+  const auto first = layout(2);
+  const TrainSummary stopped = Trainer(*first, data, stopping).fit();
+  EXPECT_FALSE(stopped.finished);
+  EXPECT_EQ(stopped.steps, 7);
+  const auto second = layout(1);
+  const TrainSummary rest = Trainer(*second, data, recipe(dir.file("stop"), 12)).fit();
+  EXPECT_TRUE(rest.finished);
+  EXPECT_EQ(rest.resumed_from, 7);
+  EXPECT_EQ(rest.weights_sha256, whole);
+
+  TrainerOptions signalled = recipe(dir.file("signal"), 12);
+  signalled.stop_on_signals = true;
+  const auto third = layout(2);
+  Trainer trainer(*third, data, signalled);
+  trainer.on_step = [](int64_t step, const Batch&, const parallel::StepResult&) {
+    if (step == 4) std::raise(SIGTERM);  // the process would die of it without the trainer's handler
+  };
+  const TrainSummary interrupted = trainer.fit();
+  EXPECT_EQ(interrupted.stop_signal, SIGTERM);
+  EXPECT_EQ(interrupted.steps, 4);
+  EXPECT_EQ(load_safetensors_metadata(dir.file("signal/checkpoint.safetensors")).at("step"), "4");
+  const auto fourth = layout(1);
+  EXPECT_EQ(Trainer(*fourth, data, recipe(dir.file("signal"), 12)).fit().weights_sha256, whole);
+}
+
+// A write that fails (here its temporary file's name is taken by a folder) stops the run
+// with an error naming the file and the free space; the checkpoint before it is intact.
+TEST(Trainer, AFailedWriteStopsTheRunAndKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  const auto data = regression_data();
+  TrainerOptions options = recipe(dir.file("run"), 12);
+  options.checkpoint_every = 2;
+  std::filesystem::create_directories(
+      dir.file("run/checkpoint-00000004.safetensors.tmp." + std::to_string(::getpid())));
+  const auto first = layout(1);
+  testing::expect_error([&] { Trainer(*first, data, options).fit(); },
+                        {"checkpoint-00000004.safetensors", "MiB free in", "the previous checkpoint is intact"});
+  EXPECT_EQ(load_checkpoint(dir.file("run/checkpoint.safetensors")).metadata.at("step"), "2");
 }
 
 TEST(Trainer, EvaluateLossIsTheMeanOverEveryTerm) {

@@ -255,4 +255,10 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   times.optimizer = seconds_since(start);
 }
 
+int64_t DistributedDataParallel::max_over_processes(int64_t value) {
+  const Tensor flag = Tensor::from_vector(std::vector<double>{static_cast<double>(value)}, {1});
+  comm_->all_reduce(flag, comm::ReduceOp::max);
+  return static_cast<int64_t>(flag.item());
+}
+
 }  // namespace lockstep::parallel

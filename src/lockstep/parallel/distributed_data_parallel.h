@@ -80,6 +80,7 @@ class DistributedDataParallel final : public Layout {
   nn::Module& model() override { return *model_; }
   void load_model_state(const NamedTensors& state) override { model_->load_state_dict(state); }
   std::vector<Device> local_devices() const override;
+  int64_t max_over_processes(int64_t value) override;
   comm::Communicator& communicator() { return *comm_; }
   void set_lr(double lr) override;
   double lr() const override;

@@ -79,4 +79,11 @@ std::vector<Device> GptMeshParallel::local_devices() const {
   return devices;
 }
 
+int64_t GptMeshParallel::max_over_processes(int64_t value) {
+  if (!options_.world) return value;  // every rank is a thread of this process
+  const Tensor flag = Tensor::from_vector(std::vector<double>{static_cast<double>(value)}, {1});
+  options_.world->all_reduce(flag, comm::ReduceOp::max);
+  return static_cast<int64_t>(flag.item());
+}
+
 }  // namespace lockstep::parallel

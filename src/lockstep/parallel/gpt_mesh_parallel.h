@@ -47,6 +47,7 @@ class GptMeshParallel final : public Layout {
   void load_optimizer_state(const NamedTensors& state) override;
   // cpu:r for each rank r this process drives.
   std::vector<Device> local_devices() const override;
+  int64_t max_over_processes(int64_t value) override;
 
   const std::vector<std::unique_ptr<GptMeshRank>>& ranks() const { return ranks_; }
 

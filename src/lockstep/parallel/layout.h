@@ -41,6 +41,12 @@ class Layout {
 
   // The devices this process drives.
   virtual std::vector<Device> local_devices() const = 0;
+
+  // The largest of `value` over the processes the layout spans: a collective that every
+  // process calls at the same point; within one process, the value itself. A training loop
+  // agrees through it on when to save and stop (a signal reaches the ranks at different
+  // steps).
+  virtual int64_t max_over_processes(int64_t value) { return value; }
 };
 
 }  // namespace lockstep::parallel

@@ -11,6 +11,7 @@
 #include "lockstep/obs/progress.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/schedule.h"
+#include "lockstep/train/stop_signals.h"
 
 namespace lockstep::train {
 namespace {
@@ -58,10 +59,30 @@ Trainer::Trainer(parallel::Layout& layout, std::shared_ptr<const Dataset> train_
   LOCKSTEP_CHECK(options_.epochs >= 0 && options_.steps >= -1)
       << "Trainer: epochs (" << options_.epochs << ") and steps (" << options_.steps << ") must not be negative";
   LOCKSTEP_CHECK(options_.log_every >= 1) << "Trainer: log_every must be at least 1, got " << options_.log_every;
+  LOCKSTEP_CHECK(options_.checkpoint_every >= 0 && options_.checkpoint_interval_seconds >= 0)
+      << "Trainer: checkpoint_every (" << options_.checkpoint_every << ") and checkpoint_interval_seconds ("
+      << options_.checkpoint_interval_seconds << ") must not be negative";
+  LOCKSTEP_CHECK(options_.keep_checkpoints >= 1)
+      << "Trainer: keep_checkpoints must be at least 1, got " << options_.keep_checkpoints;
   for (const char* key : kTrainerKeys) {
     LOCKSTEP_CHECK(!options_.recipe.contains(key))
         << "Trainer: the recipe may not set '" << key << "': the trainer keeps it in the checkpoint itself";
   }
+}
+
+// The checkpoint `resume` names, loaded: nullopt for a fresh start.
+std::optional<FoundCheckpoint> checkpoint_to_resume(const std::string& resume, const std::string& out_dir) {
+  if (resume == "none") return std::nullopt;
+  if (resume == "auto") {
+    if (out_dir.empty() || !fs::is_directory(out_dir)) return std::nullopt;
+    return CheckpointFolder::load_newest(out_dir);
+  }
+  if (fs::is_directory(resume)) {
+    std::optional<FoundCheckpoint> found = CheckpointFolder::load_newest(resume);
+    LOCKSTEP_CHECK(found) << "resume: no intact checkpoint in " << resume;
+    return found;
+  }
+  return FoundCheckpoint{resume, load_checkpoint(resume)};
 }
 
 TrainSummary Trainer::fit() {
@@ -77,42 +98,43 @@ TrainSummary Trainer::fit() {
 
   TrainSummary summary;
   const fs::path out = options_.out_dir;
-  const std::string checkpoint_path = out.empty() ? "" : (out / kCheckpointFile).string();
-  std::string resume_path;
-  if (options_.resume == "auto") {
-    if (!checkpoint_path.empty() && fs::exists(checkpoint_path)) resume_path = checkpoint_path;
-  } else if (options_.resume != "none") {
-    resume_path = options_.resume;
-  }
-  if (!resume_path.empty()) {
-    const Checkpoint checkpoint = load_checkpoint(resume_path);
+  if (const std::optional<FoundCheckpoint> found = checkpoint_to_resume(options_.resume, options_.out_dir)) {
+    const Checkpoint& checkpoint = found->checkpoint;
+    const std::string& path = found->path;
     for (const auto& [key, ours] : {std::pair<std::string, int64_t>{"batch_size", options_.batch_size},
                                     {"seed", static_cast<int64_t>(options_.seed)}}) {
-      const int64_t theirs = metadata_integer(checkpoint, key, resume_path);
-      LOCKSTEP_CHECK(theirs == ours) << resume_path << " was made with " << key << " " << theirs << ", this run has "
-                                     << ours << ": resume with the same " << key << ", or give another out_dir";
+      const int64_t theirs = metadata_integer(checkpoint, key, path);
+      LOCKSTEP_CHECK(theirs == ours) << path << " was made with " << key << " " << theirs << ", this run has " << ours
+                                     << ": resume with the same " << key << ", or give another out_dir";
     }
     try {
       layout_.load_model_state(with_prefix_removed(checkpoint.tensors, kModelPrefix));
       layout_.load_optimizer_state(with_prefix_removed(checkpoint.tensors, kOptimizerPrefix));
     } catch (const Error& e) {
-      LOCKSTEP_FAIL() << resume_path << " does not fit this model: " << e.what();
+      LOCKSTEP_FAIL() << path << " does not fit this model: " << e.what();
     }
-    summary.resumed_from = metadata_integer(checkpoint, "step", resume_path);
-    loader.set_position(
-        {metadata_integer(checkpoint, "epoch", resume_path), metadata_integer(checkpoint, "sample", resume_path)});
+    summary.resumed_from = metadata_integer(checkpoint, "step", path);
+    loader.set_position({metadata_integer(checkpoint, "epoch", path), metadata_integer(checkpoint, "sample", path)});
   }
   std::unique_ptr<JsonLinesWriter> metrics;
   if (options_.leader && !out.empty()) {
-    fs::create_directories(out);
+    writer_ = std::make_unique<CheckpointWriter>(CheckpointFolder(options_.out_dir, options_.keep_checkpoints));
     metrics = std::make_unique<JsonLinesWriter>((out / "metrics.jsonl").string(), summary.resumed_from > 0);
   }
+  std::optional<StopSignals> signals;
+  if (options_.stop_on_signals) signals.emplace();
+  // Saving by the clock and stopping on a signal need every process's agreement at each
+  // step boundary; saving every N steps and stop_at_step do not.
+  const bool agree = options_.stop_on_signals || options_.checkpoint_interval_seconds > 0;
+  constexpr int64_t kSignalled = 1000;  // an agreed value of 1000 + signal: stop; 1: save
 
   if (on_start) on_start(summary.resumed_from, total);
   ProgressBar progress(total, !(options_.progress && options_.leader));
   const auto start = std::chrono::steady_clock::now();
+  auto last_save = start;
   int64_t step = summary.resumed_from;
-  while (step < total) {
+  bool stop = false;
+  while (step < total && !stop) {
     const std::optional<Batch> batch = loader.next();
     if (!batch) continue;  // the epoch is over; the loader moved to the next one
     layout_.set_lr(schedule.lr_at(options_.lr, step));
@@ -122,7 +144,8 @@ TrainSummary Trainer::fit() {
     ++step;
     summary.samples += batch->size();
     summary.loss = result.loss;
-    summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto now = std::chrono::steady_clock::now();
+    summary.seconds = std::chrono::duration<double>(now - start).count();
     summary.samples_per_second = summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0.0;
     progress.update(step, batch->epoch, result.loss, summary.samples_per_second);
     if (metrics && (step % options_.log_every == 0 || step == total)) {
@@ -135,40 +158,78 @@ TrainSummary Trainer::fit() {
       metrics->write(line);
     }
     if (on_step) on_step(step, *batch, result);
+    if (step == total) break;  // the end's checkpoint follows
+
+    bool save_now = options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0;
+    if (agree) {
+      const bool clock_due =
+          options_.leader && options_.checkpoint_interval_seconds > 0 &&
+          std::chrono::duration<double>(now - last_save).count() >= options_.checkpoint_interval_seconds;
+      const int signal = signals ? signals->received() : 0;
+      const int64_t agreed = layout_.max_over_processes(signal ? kSignalled + signal : clock_due ? 1 : 0);
+      if (agreed >= kSignalled) {
+        summary.stop_signal = static_cast<int>(agreed - kSignalled);
+        stop = true;
+      }
+      save_now = save_now || agreed == 1;
+    }
+    if (step == options_.stop_at_step) stop = true;
+    if (save_now && !stop) {
+      save(step, loader.position(), summary);
+      last_save = std::chrono::steady_clock::now();
+    }
   }
   progress.finish();
   summary.steps = step;
+  summary.finished = step == total;
   summary.position = loader.position();
   if (on_trained) on_trained();
 
-  // Collective under sharded layouts: every process gathers, the leader writes.
-  const NamedTensors optimizer_state = layout_.optimizer_state();
-  nn::Module& model = layout_.model();
-  trained_ = &model;
-  summary.weights_sha256 = weights_sha256(model);
-  if (options_.leader && !out.empty()) {
-    NamedTensors tensors;
-    for (const auto& [name, tensor] : model.state_dict()) tensors.emplace_back(kModelPrefix + name, tensor);
-    for (const auto& [name, tensor] : optimizer_state) tensors.emplace_back(kOptimizerPrefix + name, tensor);
-    Metadata metadata = options_.recipe;
-    metadata["step"] = std::to_string(step);
-    metadata["epoch"] = std::to_string(summary.position.epoch);
-    metadata["sample"] = std::to_string(summary.position.sample);
-    metadata["seed"] = std::to_string(options_.seed);
-    metadata["batch_size"] = std::to_string(options_.batch_size);
-    save_checkpoint(checkpoint_path, tensors, metadata);
+  // The end's checkpoint (or the stop's); its write is waited for, which holds no step.
+  save(step, summary.position, summary);
+  if (writer_) {
+    writer_->wait();
+    summary.checkpoints = writer_->writes();
+    summary.checkpoint_write_seconds = writer_->seconds_writing();
+    summary.checkpoint = (out / kCheckpointFile).string();
   }
+  summary.weights_sha256 = weights_sha256(*trained_);
   if (options_.leader && !out.empty() && options_.write_summary) {
     write_json_file((out / "summary.json").string(), {{"steps", summary.steps},
+                                                      {"finished", summary.finished},
                                                       {"resumed_from", summary.resumed_from},
                                                       {"loss", summary.loss},
                                                       {"train_seconds", summary.seconds},
                                                       {"samples_per_second", summary.samples_per_second},
                                                       {"batch_size", options_.batch_size},
                                                       {"seed", options_.seed},
+                                                      {"checkpoints", summary.checkpoints},
+                                                      {"checkpoint_hold_seconds", summary.checkpoint_hold_seconds},
+                                                      {"checkpoint_write_seconds", summary.checkpoint_write_seconds},
                                                       {"weights_sha256", summary.weights_sha256}});
   }
   return summary;
+}
+
+void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& summary) {
+  const auto start = std::chrono::steady_clock::now();
+  // Collective under sharded layouts: every process gathers, the leader writes.
+  const NamedTensors optimizer_state = layout_.optimizer_state();
+  nn::Module& model = layout_.model();
+  trained_ = &model;
+  if (writer_) {
+    NamedTensors tensors;
+    for (const auto& [name, tensor] : model.state_dict()) tensors.emplace_back(kModelPrefix + name, tensor);
+    for (const auto& [name, tensor] : optimizer_state) tensors.emplace_back(kOptimizerPrefix + name, tensor);
+    Metadata metadata = options_.recipe;
+    metadata["step"] = std::to_string(step);
+    metadata["epoch"] = std::to_string(position.epoch);
+    metadata["sample"] = std::to_string(position.sample);
+    metadata["seed"] = std::to_string(options_.seed);
+    metadata["batch_size"] = std::to_string(options_.batch_size);
+    writer_->write(step, tensors, std::move(metadata));
+  }
+  summary.checkpoint_hold_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 nn::Module& Trainer::trained_model() const {

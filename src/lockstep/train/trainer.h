@@ -1,9 +1,11 @@
 // The training loop as a library class: everything around the step that a run needs — the
 // data order (one global order per (seed, epoch), dropped short batches), the learning-rate
-// schedule, the progress bar, metrics.jsonl, a checkpoint at the end and exact resume from
-// it, and summary.json with weights_sha256 — for a user's model, loss, dataset and optimizer
-// on any parallel::Layout. A step is (seed, global batch, micro-batch): the result does not
-// depend on the layout, the device count, or on a stop and a resume. A program adds its own
+// schedule, the progress bar, metrics.jsonl, checkpoints while training (written in the
+// background) and at the end, exact resume from the newest one that is intact, a stop at a
+// step boundary on SIGTERM/SIGINT/SIGUSR1, and summary.json with weights_sha256 — for a
+// user's model, loss, dataset and optimizer on any parallel::Layout. A step is (seed, global
+// batch, micro-batch): the result does not depend on the layout, the device count, or on a
+// stop and a resume. A program adds its own
 // reports through the hooks (`lockstep train` adds its per-device table and memory).
 #pragma once
 
@@ -16,6 +18,8 @@
 #include "lockstep/data/dataloader.h"
 #include "lockstep/io/safetensors.h"
 #include "lockstep/parallel/layout.h"
+#include "lockstep/train/checkpoint_folder.h"
+#include "lockstep/train/checkpoint_writer.h"
 
 namespace lockstep::train {
 
@@ -26,11 +30,24 @@ struct TrainerOptions {
   uint64_t seed = 0;   // data order and random layers (initialization is the model's own)
   double lr = 1e-3;
   std::string lr_schedule = "constant";  // optim/schedule.h: constant, step:N[:GAMMA], cosine[:warmup=N]...
-  // Where metrics.jsonl, checkpoint.safetensors and summary.json go ("": nowhere).
+  // Where metrics.jsonl, the checkpoints (checkpoint_folder.h) and summary.json go ("":
+  // nowhere).
   std::string out_dir = "";
-  // The checkpoint the run continues from: "auto" (out_dir's, when it has one), "none"
-  // (start afresh; out_dir's checkpoint is replaced at the end), or a checkpoint's path.
+  // The checkpoint the run continues from: "auto" (out_dir's newest intact one, when it has
+  // one), "none" (start afresh), a checkpoint file, or a folder (its newest intact one).
   std::string resume = "auto";
+  // Checkpoints while training, into out_dir: every N steps (0: none), and every so many
+  // seconds of training (0: none; the leader's clock decides for every process). The
+  // newest `keep_checkpoints` stay. A checkpoint is always written at the end.
+  int64_t checkpoint_every = 0;
+  double checkpoint_interval_seconds = 0;
+  int keep_checkpoints = 2;
+  // Ends the run after this step of the whole run (-1: at the end), with a checkpoint; the
+  // recipe stays as it was, so a resume continues as if the run had not stopped.
+  int64_t stop_at_step = -1;
+  // SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary, agreed by every
+  // process, with a checkpoint (stop_signals.h); a second signal stops at once.
+  bool stop_on_signals = false;
   // What the program needs to rebuild the run (its model's name and shape, its settings),
   // saved in the checkpoint's metadata beside the trainer's own keys (step, epoch, sample,
   // seed, batch_size), which it may not use.
@@ -52,6 +69,16 @@ struct TrainSummary {
   double seconds = 0;        // this run's training time
   double samples_per_second = 0;
   std::string weights_sha256;  // of layout.model()'s state_dict
+  // Whether it reached the last step; if not, what stopped it (stop_at_step, or a signal).
+  bool finished = false;
+  int stop_signal = 0;     // the signal, when one stopped it (on any process)
+  std::string checkpoint;  // the last checkpoint written ("" without out_dir)
+  // Checkpoints written, the time training was held for them (assembling and copying the
+  // state at the step boundary, and waiting for a write still in flight; not the wait for
+  // the last write after the last step) and the time spent writing them in the background.
+  int64_t checkpoints = 0;
+  double checkpoint_hold_seconds = 0;
+  double checkpoint_write_seconds = 0;
 };
 
 class Trainer {
@@ -74,13 +101,17 @@ class Trainer {
   // After the last step, before the checkpoint is assembled and written:
   std::function<void()> on_trained;
 
-  static constexpr const char* kCheckpointFile = "checkpoint.safetensors";
+  static constexpr const char* kCheckpointFile = CheckpointFolder::kLatestFile;
 
  private:
+  // Assembles the state (collective), and on the leader hands a copy of it to the writer.
+  void save(int64_t step, const LoaderPosition& position, TrainSummary& summary);
+
   parallel::Layout& layout_;
   std::shared_ptr<const Dataset> train_set_;
   TrainerOptions options_;
   nn::Module* trained_ = nullptr;
+  std::unique_ptr<CheckpointWriter> writer_;  // the leader's, with out_dir
 };
 
 // The mean of a per-sample loss (parallel/loss_function.h) over a dataset, in eval mode and
