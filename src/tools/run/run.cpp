@@ -9,9 +9,10 @@
 // job's GPUs through CUDA_VISIBLE_DEVICES, ordered so that LOCAL_RANK r's GPU is cuda:r
 // (run_gpus.h says which GPUs). Output lines are prefixed by rank; each rank's whole output is in
 // DIR/rank<r>.log (DIR/rank<r>.restart<k>.log after the k-th restart). If a worker fails, the others are stopped
-// (SIGTERM to each process group, SIGKILL after the grace period) and the summary names the first failure. SIGINT and
-// SIGTERM to the launcher reach every worker; workers die with the launcher. Under mpirun or srun (their variables
-// present) it starts nothing: it maps their variables to the same contract and runs the command in its place.
+// (SIGTERM to each process group, SIGKILL after the grace period) and the summary names the first failure. SIGINT,
+// SIGTERM, SIGHUP and SIGUSR1 to the launcher reach every worker; workers die with the launcher. Under mpirun or srun
+// (their variables present) it starts nothing: it maps their variables to the same contract and runs the command in its
+// place.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -208,6 +209,7 @@ int run_main(const std::vector<std::string>& args) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGHUP, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);  // Slurm's --signal: the workers checkpoint and stop
 
   const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
   if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());

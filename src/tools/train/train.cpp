@@ -18,12 +18,14 @@
 #include "lockstep/core/parallel.h"
 #include "lockstep/data/fashion_mnist.h"
 #include "lockstep/data/text_dataset.h"
-#include "lockstep/io/safetensors.h"
+#include "lockstep/io/checkpoint.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/obs/json_lines.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/train/checkpoint_folder.h"
+#include "lockstep/train/stop_signals.h"
 #include "lockstep/train/trainer.h"
 #include "tools/common/commands.h"
 #include "tools/common/flags.h"
@@ -120,20 +122,38 @@ TrainEnvironment environment_of(const TrainOptions& flags) {
   TrainEnvironment environment{
       .launch = comm::launch_info_from_env(), .visible_gpus = cuda::device_count(), .host_cores = host_cores()};
   if (!flags.resume_dir.empty()) {
-    environment.checkpoint_path = (fs::path(flags.resume_dir) / train::Trainer::kCheckpointFile).string();
-    LOCKSTEP_CHECK(fs::exists(environment.checkpoint_path))
-        << "--resume " << flags.resume_dir << ": no " << train::Trainer::kCheckpointFile << " in that folder";
-    environment.checkpoint = load_safetensors_metadata(environment.checkpoint_path);
+    // "auto": --out's checkpoint if it has one (a first start has none); else the folder's.
+    const bool automatic = flags.resume_dir == "auto";
+    const std::string dir = automatic ? flags.out_dir : flags.resume_dir;
+    if (const auto newest = dir.empty() ? std::nullopt : train::CheckpointFolder::newest_metadata(dir)) {
+      environment.checkpoint_path = newest->first;
+      environment.checkpoint = newest->second;
+    } else {
+      LOCKSTEP_CHECK(automatic) << "--resume " << dir << ": no checkpoint in that folder ("
+                                << train::Trainer::kCheckpointFile << " or checkpoint-<step>.safetensors)";
+    }
   }
   if (flags.out_dir.empty() && flags.resume_dir.empty()) environment.fresh_out_dir = fresh_run_dir();
   return environment;
 }
 
+// --init's weights: a file of the model's state_dict (PyTorch's names), or a Trainer's
+// checkpoint (its tensors checked against their hash), whose "model." entries are the model's.
+std::shared_ptr<const TensorFile> init_weights(const std::string& path) {
+  if (path.empty()) return nullptr;
+  auto file = std::make_shared<TensorFile>(load_checkpoint(path));
+  if (file->metadata.contains("step") && file->metadata.contains("sample")) {
+    NamedTensors model;
+    for (auto& [name, tensor] : file->tensors)
+      if (name.rfind("model.", 0) == 0) model.emplace_back(name.substr(6), std::move(tensor));
+    file->tensors = std::move(model);
+  }
+  return file;
+}
+
 // The plan's model, its --init weights loaded, for each replica.
 ReplicaFactory replica_factory(const TrainPlan& plan, const TrainTask& task) {
-  auto init = plan.settings.init_file.empty()
-                  ? nullptr
-                  : std::make_shared<const TensorFile>(load_safetensors(plan.settings.init_file));
+  const std::shared_ptr<const TensorFile> init = init_weights(plan.settings.init_file);
   return [&plan, &task, init] {
     std::shared_ptr<nn::Module> replica = task.make_model();
     if (init) {
@@ -169,7 +189,12 @@ int run_training(const TrainPlan& plan) {
                           .lr = settings.lr,
                           .lr_schedule = plan.lr_schedule(total_steps),
                           .out_dir = plan.out_dir,
-                          .resume = plan.resume_checkpoint.empty() ? "none" : plan.resume_checkpoint,
+                          .resume = plan.resume_from.empty() ? "none" : plan.resume_from,
+                          .checkpoint_every = settings.checkpoint_every,
+                          .checkpoint_interval_seconds = plan.checkpoint_interval_seconds,
+                          .keep_checkpoints = static_cast<int>(settings.keep_checkpoints),
+                          .stop_at_step = settings.stop_after,
+                          .stop_on_signals = true,
                           .recipe = train_recipe(settings),
                           .write_summary = false,
                           .log_every = settings.log_every,
@@ -219,6 +244,19 @@ int run_training(const TrainPlan& plan) {
   }
   // No rank leaves before rank 0 has written the checkpoint.
   strategy->barrier();
+  if (!trained.finished) {
+    // Stopped early (--stop-after or a signal): the checkpoint is the result.
+    if (plan.leader) {
+      std::fprintf(stderr,
+                   "lockstep train: stopped after step %lld of %lld%s%s; checkpoint %s\n"
+                   "continue with: lockstep train --resume %s\n",
+                   static_cast<long long>(trained.steps), static_cast<long long>(total_steps),
+                   trained.stop_signal ? " by " : "",
+                   trained.stop_signal ? train::stop_signal_name(trained.stop_signal) : "", trained.checkpoint.c_str(),
+                   plan.out_dir.c_str());
+    }
+    return trained.stop_signal ? 128 + trained.stop_signal : 0;
+  }
   if (!plan.leader) return 0;
 
   nn::Module& model = trainer.trained_model();
@@ -247,6 +285,9 @@ int run_training(const TrainPlan& plan) {
       {"peak_memory_bytes", totals.front().peak_bytes},
       {"optimizer_state_bytes", strategy->optimizer_state_bytes()},
       {"peak_rss_bytes", peak_rss_bytes()},
+      {"checkpoints", trained.checkpoints},
+      {"checkpoint_hold_seconds", trained.checkpoint_hold_seconds},
+      {"checkpoint_write_seconds", trained.checkpoint_write_seconds},
       {"weights_sha256", trained.weights_sha256},
   };
   if (task.language_model) {
@@ -325,7 +366,16 @@ int train_main(const std::vector<std::string>& args) {
             std::string("Fashion-MNIST folder (default ") + kFashionMnistDefaultDir + "); gpt: a text file (default " +
                 "the fortunes under " + kFortunesDefaultDir + ")");
   flags.add("out", &options.out_dir, "output folder (default runs/<timestamp>, or the --resume folder)");
-  flags.add("resume", &options.resume_dir, "continue the run whose checkpoint is in this folder");
+  flags.add("resume", &options.resume_dir,
+            "continue the run in this folder from its newest intact checkpoint, with its recipe; auto: --out's, or a "
+            "fresh start when it has none (one command line for the first start and every restart)");
+  flags.add("checkpoint-every", &options.checkpoint_every,
+            "steps between checkpoints while training, written in the background (0: only at the end)");
+  flags.add("checkpoint-interval", &options.checkpoint_interval,
+            "time between checkpoints while training: 90s, 10m, 1h (default: none)");
+  flags.add("keep-checkpoints", &options.keep_checkpoints, "how many of the newest checkpoints stay under --out");
+  flags.add("stop-after", &options.stop_after,
+            "stop after this step with a checkpoint, the recipe unchanged: --resume then ends as one run would");
   flags.add("init", &options.init_file, "start from these weights (.safetensors, PyTorch names)");
   flags.add("log-every", &options.log_every, "steps between metrics.jsonl lines");
   flags.add("trace", &options.trace_file, "write each device's steps as a Chrome trace (opens in Perfetto)");

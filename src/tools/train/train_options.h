@@ -43,8 +43,12 @@ struct TrainOptions {
   int64_t threads = 0;  // in all, shared by the devices; 0: every core
   std::string data_dir;
   std::string out_dir;
-  std::string resume_dir;
+  std::string resume_dir;  // a run's folder, or "auto": --out's, when it has a checkpoint
   std::string init_file;
+  int64_t checkpoint_every = 0;     // steps between checkpoints while training; 0: none
+  std::string checkpoint_interval;  // a duration between checkpoints ("10m"); "": none
+  int64_t keep_checkpoints = 2;
+  int64_t stop_after = -1;  // stop after this step of the run, with a checkpoint; -1: at the end
   int64_t log_every = 50;
   std::string trace_file;
   bool quiet = false;

@@ -6,6 +6,7 @@
 #include "lockstep/nn/models.h"
 #include "lockstep/optim/schedule.h"
 #include "lockstep/parallel/step.h"
+#include "tools/common/duration.h"
 #include "tools/common/flags.h"
 #include "tools/train/train_devices.h"
 #include "tools/train/train_recipe.h"
@@ -28,6 +29,12 @@ void check_ranges(const TrainOptions& options) {
           "--lr must be a positive number, got " + flag_number(options.lr));
   require(options.threads >= 0, "--threads must be 1 or more, got " + std::to_string(options.threads));
   require(options.log_every > 0, "--log-every must be at least 1, got " + std::to_string(options.log_every));
+  require(options.checkpoint_every >= 0,
+          "--checkpoint-every must be 0 (none) or more steps, got " + std::to_string(options.checkpoint_every));
+  require(options.keep_checkpoints >= 1,
+          "--keep-checkpoints must be at least 1, got " + std::to_string(options.keep_checkpoints));
+  require(options.stop_after == -1 || options.stop_after >= 1,
+          "--stop-after must be a step, 1 or more, got " + std::to_string(options.stop_after));
   require(options.sample_bytes >= 0, "--sample must be 0 or more bytes, got " + std::to_string(options.sample_bytes));
   require(options.temperature >= 0,
           "--temperature must be 0 (greedy) or more, got " + flag_number(options.temperature));
@@ -189,9 +196,12 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
   TrainPlan plan;
   TrainOptions& s = plan.settings;
   s = flags;
+  require(s.resume_dir != "auto" || !s.out_dir.empty(),
+          "--resume auto resumes from --out's newest checkpoint: give --out DIR too");
+  plan.out_dir = !s.out_dir.empty() ? s.out_dir : !s.resume_dir.empty() ? s.resume_dir : environment.fresh_out_dir;
   if (environment.checkpoint) {
     apply_checkpoint_settings(*environment.checkpoint, environment.checkpoint_path, s, given);
-    plan.resume_checkpoint = environment.checkpoint_path;
+    plan.resume_from = s.resume_dir == "auto" ? s.out_dir : s.resume_dir;
   }
   check_model_name(s.model);
   if (given("dp") || given("tp") || given("pp") || given("schedule") || given("stages")) {
@@ -247,7 +257,9 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
   plan.local_rank = plan.processes > 1 ? environment.launch.local_rank : 0;
   plan.leader = plan.rank == 0;
   plan.accumulation = s.batch_size / s.micro_batch / plan.replicas;
-  plan.out_dir = !s.out_dir.empty() ? s.out_dir : !s.resume_dir.empty() ? s.resume_dir : environment.fresh_out_dir;
+  if (!s.checkpoint_interval.empty()) {
+    plan.checkpoint_interval_seconds = parse_duration("checkpoint-interval", s.checkpoint_interval);
+  }
   return plan;
 }
 

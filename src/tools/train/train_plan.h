@@ -21,7 +21,8 @@ struct TrainEnvironment {
   comm::LaunchInfo launch;  // a launched job's rank and world; world_size 1 when started alone
   int visible_gpus = 0;
   int host_cores = 1;
-  // --resume's checkpoint (metadata only; the run loads the tensors).
+  // The metadata of --resume's newest checkpoint (the run loads the newest intact one),
+  // and its path; none for a fresh start (also --resume auto in a folder without one).
   std::string checkpoint_path = "";
   std::optional<Metadata> checkpoint = std::nullopt;
   // Where the run writes when neither --out nor --resume names a folder (runs/<timestamp>).
@@ -43,7 +44,8 @@ struct TrainPlan {
   int replicas = 1;          // the devices that share the batch: every device, or a mesh's dp
   int64_t accumulation = 1;  // micro-batches per replica per step
   std::string out_dir;
-  std::string resume_checkpoint;  // "" for a fresh start
+  std::string resume_from;  // the folder whose newest intact checkpoint the run continues; "": a fresh start
+  double checkpoint_interval_seconds = 0;
 
   // The --lr-schedule of a run of total_steps: as given, or the default, whose warm-up
   // depends on the run's length (a schedule without a length spans the run).

@@ -107,18 +107,21 @@ TEST_F(TrainCommand, WritesSummaryMetricsAndCheckpoint) {
   EXPECT_TRUE(fs::exists(root_ / "a" / "checkpoint.safetensors"));
 }
 
-// Stopping after 5 steps and resuming to 12 (crossing an epoch: 8 batches per epoch) gives
-// the same weights, bit for bit, as 12 steps in one go. The cosine schedule is given its
-// length, as a run interrupted by a crash would have had it.
+// Stopping after 5 of 12 steps and resuming (crossing an epoch: 8 batches per epoch) gives
+// the same weights, bit for bit, as 12 steps in one go: the checkpoint keeps the recipe,
+// the default schedule's length included, so the resume needs no flags but the folder.
 TEST_F(TrainCommand, ResumeContinuesBitExactly) {
   for (const std::string optimizer : {"sgd", "adamw"}) {
-    const std::string flags = base() + " --lr-schedule cosine:total=12 --optimizer " + optimizer;
-    ASSERT_EQ(run(flags + " --steps 12 --out " + (root_ / "whole").string()).exit_code, 0);
-    ASSERT_EQ(run(flags + " --steps 5 --out " + (root_ / "split").string()).exit_code, 0);
-    const Result resumed = run(flags + " --steps 12 --resume " + (root_ / "split").string());
+    const std::string flags = base() + " --optimizer " + optimizer;
+    const fs::path whole = root_ / (optimizer + "-whole"), split = root_ / (optimizer + "-split");
+    ASSERT_EQ(run(flags + " --steps 12 --out " + whole.string()).exit_code, 0);
+    const Result stopped = run(flags + " --steps 12 --stop-after 5 --out " + split.string());
+    ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
+    EXPECT_FALSE(fs::exists(split / "summary.json")) << "a stopped run has no result yet";
+    const Result resumed = run("train --quiet --threads 1 --resume " + split.string());
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]) << optimizer;
-    EXPECT_EQ(summary(root_ / "split")["steps"], 12);
+    EXPECT_EQ(summary(whole)["weights_sha256"], summary(split)["weights_sha256"]) << optimizer;
+    EXPECT_EQ(summary(split)["steps"], 12);
   }
 }
 
@@ -148,7 +151,7 @@ TEST_F(TrainCommand, SameWeightsOnOneTwoAndFourDevices) {
 TEST_F(TrainCommand, ResumesOnAnotherDeviceCountBitExactly) {
   const std::string flags = base() + " --lr-schedule cosine:total=12 --micro-batch 8";
   ASSERT_EQ(run(flags + " --devices 1 --steps 12 --out " + (root_ / "whole").string()).exit_code, 0);
-  ASSERT_EQ(run(flags + " --devices 2 --steps 5 --out " + (root_ / "split").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --devices 2 --steps 12 --stop-after 5 --out " + (root_ / "split").string()).exit_code, 0);
   const Result resumed =
       run(base() + " --lr-schedule cosine:total=12 --devices 4 --steps 12 --resume " + (root_ / "split").string());
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
@@ -224,12 +227,76 @@ TEST_F(TrainCommand, ZeroOneCheckpointResumesUnsharded) {
   const std::string flags = base() + " --optimizer adamw --lr-schedule cosine:total=10 --micro-batch 8";
   ASSERT_EQ(run(flags + " --devices 1 --steps 10 --out " + (root_ / "whole").string()).exit_code, 0);
   const auto exits = comm::testing::launch_program(
-      2, kBinary, split_words(flags + " --strategy zero1 --steps 4 --out " + (root_ / "split").string()), {});
+      2, kBinary,
+      split_words(flags + " --strategy zero1 --steps 10 --stop-after 4 --out " + (root_ / "split").string()), {});
   for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
   const Result resumed =
       run(base() + " --lr-schedule cosine:total=10 --devices 2 --steps 10 --resume " + (root_ / "split").string());
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
+}
+
+int metrics_lines(const fs::path& file) {
+  std::ifstream in(file);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  return lines;
+}
+
+std::string tensors_hash(const fs::path& checkpoint) {
+  return load_safetensors_metadata(checkpoint.string()).at(kTensorsSha256Key);
+}
+
+// SIGTERM (a preemption) or SIGUSR1 (Slurm's --signal) mid-run: the run stops at the next
+// step boundary with a checkpoint, says how to continue and exits 128 + the signal; the
+// resumed run is the same run, bit for bit (weights and optimizer state), as one that was
+// never stopped. The steps are many, so the signal always arrives while training.
+TEST_F(TrainCommand, ASignalStopsAtAStepWithACheckpointAndTheResumeIsExact) {
+  for (const int signal : {SIGTERM, SIGUSR1}) {
+    const fs::path out = root_ / ("signalled-" + std::to_string(signal));
+    const auto exits = comm::testing::launch_program(
+        1, kBinary, split_words(base() + " --steps 1000000 --log-every 10 --out " + out.string()),
+        {{"CUDA_VISIBLE_DEVICES", ""}}, 120, [&](const std::vector<int>& pids) {
+          for (int i = 0; i < 1500 && metrics_lines(out / "metrics.jsonl") < 3; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          kill(pids[0], signal);
+        });
+    ASSERT_EQ(exits[0].exit_code, 128 + signal) << comm::testing::describe(exits);
+    EXPECT_NE(exits[0].output.find(std::string(" by ") + (signal == SIGTERM ? "SIGTERM" : "SIGUSR1")),
+              std::string::npos)
+        << exits[0].output;
+    EXPECT_NE(exits[0].output.find("continue with: lockstep train --resume " + out.string()), std::string::npos)
+        << exits[0].output;
+    const int64_t stopped = std::stoll(load_safetensors_metadata((out / "checkpoint.safetensors").string()).at("step"));
+    EXPECT_GE(stopped, 30);
+    const std::string until = " --stop-after " + std::to_string(stopped + 7);
+    const Result resumed = run("train --quiet --threads 1 --resume " + out.string() + until);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    const fs::path straight = root_ / ("straight-" + std::to_string(signal));
+    ASSERT_EQ(run(base() + " --steps 1000000" + until + " --out " + straight.string()).exit_code, 0);
+    EXPECT_EQ(tensors_hash(out / "checkpoint.safetensors"), tensors_hash(straight / "checkpoint.safetensors"));
+  }
+}
+
+// One command line for the first start and every restart: `lockstep run --max-restarts 1`
+// of two ddp ranks with --resume auto, rank 1 killed by SIGKILL mid-run in the first
+// attempt. The group restarts from the newest checkpoint and ends with the weights of one
+// uninterrupted run on one device.
+TEST_F(TrainCommand, ARestartedGroupContinuesFromItsCheckpoint) {
+  const std::string flags = base() + " --steps 400 --micro-batch 8 --checkpoint-every 5";
+  ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "whole").string()).exit_code, 0);
+  const fs::path out = root_ / "restarted", marker = root_ / "killed-once";
+  // Rank 1's first attempt is killed once its group has saved step 10.
+  const std::string worker = "if [ $RANK = 1 ] && [ ! -e " + marker.string() + " ]; then touch " + marker.string() +
+                             "; (while [ ! -e " + (out / "checkpoint-00000010.safetensors").string() +
+                             " ]; do sleep 0.01; done; kill -9 $$) & fi; exec " + kBinary + " " + flags +
+                             " --strategy ddp --resume auto --out " + out.string();
+  const Result r =
+      run("run -n 2 --max-restarts 1 --log-dir " + (root_ / "logs").string() + " -- sh -c '" + worker + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting the group (1 of 1)"), std::string::npos) << r.output;
+  EXPECT_GT(summary(out)["steps"], 10);
+  EXPECT_EQ(summary(out)["weights_sha256"], summary(root_ / "whole")["weights_sha256"]);
 }
 
 // examples/ddp_train.cpp, the program users copy: on 2 processes it prints the losses it
@@ -300,6 +367,17 @@ TEST_F(TrainCommand, StepsZeroEvaluatesInitWeights) {
 
   ASSERT_EQ(run(base() + " --steps 0 --out " + (root_ / "c").string()).exit_code, 0);
   EXPECT_GT(summary(root_ / "c")["test_loss"].get<double>(), summary(root_ / "a")["test_loss"].get<double>());
+
+  // A run's own checkpoint is taken as it is: its model's weights.
+  const Result from_checkpoint = run(base() + " --steps 0 --init " + (root_ / "a" / "checkpoint.safetensors").string() +
+                                     " --out " + (root_ / "d").string());
+  ASSERT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.output;
+  EXPECT_EQ(summary(root_ / "d")["weights_sha256"], summary(root_ / "a")["weights_sha256"]);
+  // Weights of another model: one line that names what differs.
+  const Result other = run(base("cnn") + " --steps 0 --init " + (root_ / "weights.safetensors").string() + " --out " +
+                           (root_ / "e").string());
+  EXPECT_EQ(other.exit_code, 1) << other.output;
+  EXPECT_NE(other.output.find("does not fit model 'cnn'"), std::string::npos) << other.output;
 }
 
 TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
@@ -364,7 +442,8 @@ TEST(TrainCommandLong, DefaultRunsReachTheirAccuracy) {
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   const fs::path out = fs::temp_directory_path() / ("lockstep-accuracy-" + std::to_string(getpid()));
-  for (const auto& [model, target] : std::vector<std::pair<std::string, double>>{{"mlp", 0.85}, {"cnn", 0.88}, {"resnet", 0.875}}) {
+  for (const auto& [model, target] :
+       std::vector<std::pair<std::string, double>>{{"mlp", 0.85}, {"cnn", 0.88}, {"resnet", 0.875}}) {
     const Result r = run("train --quiet --model " + model + " --out " + (out / model).string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream in(out / model / "summary.json");

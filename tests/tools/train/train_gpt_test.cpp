@@ -80,7 +80,7 @@ TEST_F(TrainGpt, CheckpointedActivationsGiveTheSameWeightsInLessMemory) {
 TEST_F(TrainGpt, ResumesOnAnotherDeviceCountBitExactly) {
   const std::string flags = base() + " --lr-schedule cosine:total=8";
   ASSERT_EQ(run(flags + " --devices 1 --steps 8 --out " + (root_ / "whole").string()).exit_code, 0);
-  ASSERT_EQ(run(flags + " --devices 2 --steps 3 --out " + (root_ / "split").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --devices 2 --steps 8 --stop-after 3 --out " + (root_ / "split").string()).exit_code, 0);
   const Result resumed = run(flags + " --devices 4 --steps 8 --resume " + (root_ / "split").string());
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
@@ -91,14 +91,14 @@ TEST_F(TrainGpt, ResumesOnAnotherDeviceCountBitExactly) {
 TEST_F(TrainGpt, ResumeTakesTheShapeFromTheCheckpoint) {
   const std::string flags = base() + " --lr-schedule cosine:total=6 --devices 1";
   ASSERT_EQ(run(flags + " --layers 2 --steps 6 --out " + (root_ / "whole").string()).exit_code, 0);
-  ASSERT_EQ(run(flags + " --layers 2 --steps 2 --out " + (root_ / "split").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --layers 2 --steps 6 --stop-after 2 --out " + (root_ / "split").string()).exit_code, 0);
   const std::string text = (root_ / "text.txt").string();
   const Result resumed = run("train --quiet --threads 1 --model gpt --sample 40 --data " + text +
                              " --steps 6 --resume " + (root_ / "split").string());
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
   EXPECT_EQ(summary(root_ / "split")["gpt"]["layers"], 2);
-  const Result other = run(base() + " --layers 3 --steps 8 --resume " + (root_ / "split").string());
+  const Result other = run(base() + " --layers 3 --resume " + (root_ / "split").string());
   EXPECT_EQ(other.exit_code, 1) << other.output;
   EXPECT_NE(other.output.find("a run with --layers 2, not 3"), std::string::npos) << other.output;
 }
@@ -143,13 +143,13 @@ TEST_F(TrainGpt, MeshLayoutsGiveTheWeightsOfOneDevice) {
 TEST_F(TrainGpt, ResumesAcrossLayouts) {
   const std::string flags = base() + " --layers 2 --lr-schedule cosine:total=6";
   ASSERT_EQ(run(flags + " --devices 1 --steps 6 --out " + (root_ / "whole").string()).exit_code, 0);
-  ASSERT_EQ(run(flags + " --pp 2 --steps 3 --out " + (root_ / "pipeline").string()).exit_code, 0);
+  ASSERT_EQ(run(flags + " --pp 2 --steps 6 --stop-after 3 --out " + (root_ / "pipeline").string()).exit_code, 0);
   const Result on_one = run(flags + " --devices 2 --steps 6 --resume " + (root_ / "pipeline").string());
   ASSERT_EQ(on_one.exit_code, 0) << on_one.output;
   EXPECT_EQ(summary(root_ / "pipeline")["weights_sha256"], summary(root_ / "whole")["weights_sha256"]);
   // Tensor parallel, then a pipeline: the bits of tensor parallel, then one device.
   for (const std::string name : {"tp-then-pp", "tp-then-one"}) {
-    ASSERT_EQ(run(flags + " --tp 2 --steps 3 --out " + (root_ / name).string()).exit_code, 0);
+    ASSERT_EQ(run(flags + " --tp 2 --steps 6 --stop-after 3 --out " + (root_ / name).string()).exit_code, 0);
   }
   const Result on_pipeline = run("run -n 2 --log-dir " + (root_ / "logs").string() + " -- " + kBinary + " " + flags +
                                  " --pp 2 --steps 6 --resume " + (root_ / "tp-then-pp").string());

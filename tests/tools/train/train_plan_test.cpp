@@ -9,6 +9,7 @@
 #include <set>
 
 #include "lockstep/core/error.h"
+#include "tools/train/train_recipe.h"
 
 namespace lockstep::tools {
 namespace {
@@ -66,7 +67,7 @@ TEST(TrainPlan, DefaultsComeFromTheHost) {
   EXPECT_EQ(p.threads_per_device, 1);
   EXPECT_TRUE(p.leader);
   EXPECT_EQ(p.out_dir, "runs/fresh");
-  EXPECT_EQ(p.resume_checkpoint, "");
+  EXPECT_EQ(p.resume_from, "");
   EXPECT_EQ(p.lr_schedule(1000), "cosine:warmup=100");
   EXPECT_EQ(p.lr_schedule(30), "cosine:warmup=3");  // a tenth of a short run
 }
@@ -136,9 +137,15 @@ TEST(TrainPlan, MeshFlagsLayOutAGptMesh) {
 }
 
 TEST(TrainPlan, ACheckpointFixesItsSettingsAndRefusesOthers) {
-  const Metadata checkpoint = {{"format", "lockstep-train-2"}, {"model", "mlp"},
-                               {"optimizer", "sgd"},           {"seed", "7"},
-                               {"batch_size", "64"},           {"micro_batch", "16"}};
+  TrainOptions first;
+  first.model = "mlp";
+  first.optimizer = "sgd";
+  first.lr = 0.05;
+  first.micro_batch = 16;
+  first.steps = 500;
+  Metadata checkpoint = train_recipe(first);
+  checkpoint["seed"] = "7";  // the Trainer's own keys
+  checkpoint["batch_size"] = "64";
   TrainEnvironment environment = host(2);
   environment.checkpoint_path = "runs/a/checkpoint.safetensors";
   environment.checkpoint = checkpoint;
@@ -150,8 +157,9 @@ TEST(TrainPlan, ACheckpointFixesItsSettingsAndRefusesOthers) {
   EXPECT_EQ(p.settings.seed, 7u);
   EXPECT_EQ(p.settings.batch_size, 64);
   EXPECT_EQ(p.settings.micro_batch, 16);
-  EXPECT_DOUBLE_EQ(p.settings.lr, 0.05);  // sgd's default
-  EXPECT_EQ(p.resume_checkpoint, "runs/a/checkpoint.safetensors");
+  EXPECT_DOUBLE_EQ(p.settings.lr, 0.05);
+  EXPECT_EQ(p.settings.steps, 500);
+  EXPECT_EQ(p.resume_from, "runs/a");
   EXPECT_EQ(p.out_dir, "runs/a");
 
   resume.flags.batch_size = 32;
@@ -166,6 +174,29 @@ TEST(TrainPlan, ACheckpointFixesItsSettingsAndRefusesOthers) {
   environment.checkpoint->at("seed") = "-1";
   resume.flags.batch_size = 64;
   EXPECT_THROW(plan(resume, environment), Error);
+
+  // The run's length is part of its recipe: --stop-after ends it early instead.
+  environment.checkpoint->at("seed") = "7";
+  Command longer;
+  longer.flags.resume_dir = "runs/a";
+  longer.flags.steps = 1000;
+  longer.given = {"resume", "steps"};
+  try {
+    plan(longer, environment);
+    ADD_FAILURE() << "a contradicting --steps was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a run with --steps 500, not 1000"), std::string::npos) << e.what();
+  }
+  // --resume auto in a folder without a checkpoint is a fresh start there; it needs --out.
+  Command automatic;
+  automatic.flags.resume_dir = "auto";
+  automatic.flags.out_dir = "runs/b";
+  automatic.given = {"resume", "out"};
+  const TrainPlan fresh = plan(automatic, host(2));
+  EXPECT_EQ(fresh.resume_from, "");
+  EXPECT_EQ(fresh.out_dir, "runs/b");
+  automatic.flags.out_dir = "";
+  EXPECT_NE(usage_error(automatic, host(2)).find("give --out DIR"), std::string::npos);
 }
 
 TEST(TrainPlan, OutOfRangeValuesAreUsageErrors) {
