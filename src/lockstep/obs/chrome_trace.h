@@ -4,6 +4,7 @@
 // optional in this format.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -11,20 +12,28 @@ namespace lockstep {
 
 class ChromeTrace {
  public:
-  explicit ChromeTrace(const std::string& path);  // truncates; Error naming the path if it cannot
-  ~ChromeTrace();
+  // Truncates; Error naming the path if it cannot. `process`: the process row the tracks
+  // belong to (a rank of a job whose ranks' traces are merged).
+  explicit ChromeTrace(const std::string& path, int process = 0);
+  ~ChromeTrace();  // close()s
   ChromeTrace(const ChromeTrace&) = delete;
   ChromeTrace& operator=(const ChromeTrace&) = delete;
 
-  // Names track `track` (a row in the viewer), e.g. "cpu:1".
+  // Names the process row ("rank 1") and track `track` (a row in it), e.g. "cpu:1".
+  void name_process(const std::string& name);
   void name_track(int track, const std::string& name);
-  // One span on a track; times in seconds from the trace's start.
-  void span(int track, const std::string& name, double start_seconds, double duration_seconds);
+  // One span on a track; times in seconds from the trace's start; step >= 0 shows with it.
+  void span(int track, const std::string& name, double start_seconds, double duration_seconds, int64_t step = -1);
+  // Appends the events of another closed trace file (another rank's), then removes it.
+  void merge(const std::string& other_path);
+  // Ends the file; later calls write nothing.
+  void close();
 
  private:
   void write(const std::string& event);
 
   std::string path_;
+  int process_;
   FILE* file_;
   bool first_ = true;
 };

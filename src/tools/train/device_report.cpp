@@ -11,14 +11,46 @@ double share(double part, double whole) { return whole > 0 ? part / whole : 0.0;
 
 }  // namespace
 
-DeviceReport::DeviceReport(const std::vector<std::string>& names, const std::string& trace_path)
-    : totals_(names.size()) {
+namespace {
+
+std::string rank_trace_path(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
+}
+
+}  // namespace
+
+DeviceReport::DeviceReport(const std::vector<std::string>& names, const std::string& trace_path, int rank, int ranks)
+    : totals_(names.size()), trace_path_(trace_path), rank_(rank), ranks_(ranks) {
   if (trace_path.empty()) return;
-  trace_ = std::make_unique<ChromeTrace>(trace_path);
+  trace_ = std::make_unique<ChromeTrace>(rank_trace_path(trace_path, rank), rank);
+  if (ranks > 1) trace_->name_process("rank " + std::to_string(rank));
   for (size_t d = 0; d < names.size(); ++d) trace_->name_track(static_cast<int>(d), names[d]);
 }
 
-void DeviceReport::add_step(const std::vector<parallel::DeviceTimes>& step) {
+void DeviceReport::close_trace() {
+  if (trace_) trace_->close();
+}
+
+void DeviceReport::merge_rank_traces() {
+  if (!trace_ || rank_ != 0 || ranks_ == 1) return;
+  // Reopened for appending: close_trace() ended the file.
+  ChromeTrace merged(trace_path_ + ".merging");
+  merged.merge(trace_path_);
+  for (int r = 1; r < ranks_; ++r) {
+    const std::string part = rank_trace_path(trace_path_, r);
+    if (std::FILE* probe = std::fopen(part.c_str(), "r")) {
+      std::fclose(probe);
+      merged.merge(part);
+    } else {
+      // A rank on another host wrote its part there.
+      std::fprintf(stderr, "lockstep train: rank %d's trace is not here (%s): it stays on its host\n", r, part.c_str());
+    }
+  }
+  merged.close();
+  std::rename((trace_path_ + ".merging").c_str(), trace_path_.c_str());
+}
+
+void DeviceReport::add_step(const std::vector<parallel::DeviceTimes>& step, int64_t number) {
   if (origin_ < 0 && !step.empty()) origin_ = step.front().started;
   for (size_t d = 0; d < step.size() && d < totals_.size(); ++d) {
     const parallel::DeviceTimes& t = step[d];
@@ -37,7 +69,7 @@ void DeviceReport::add_step(const std::vector<parallel::DeviceTimes>& step) {
                                           {"all-reduce", t.communicate},
                                           {"optimizer", t.optimizer}}) {
         if (seconds == 0 && name == std::string_view("pipeline bubble")) continue;  // not a pipeline
-        trace_->span(track, name, at, seconds);
+        trace_->span(track, name, at, seconds, number);
         at += seconds;
       }
     }

@@ -22,13 +22,18 @@ struct DeviceTotals {
 class DeviceReport {
  public:
   // names[d]: device d of this process as the user knows it ("cpu:1"). trace_path: "" for
-  // no trace.
-  DeviceReport(const std::vector<std::string>& names, const std::string& trace_path);
+  // no trace. Of a job of several processes, each rank writes its own part (rank r > 0 to
+  // trace_path.rank<r>), its own process row, and rank 0 merges them at the end.
+  DeviceReport(const std::vector<std::string>& names, const std::string& trace_path, int rank = 0, int ranks = 1);
 
-  void add_step(const std::vector<parallel::DeviceTimes>& step);
+  // One step's times; `number`, the step's number in the run, labels its trace spans.
+  void add_step(const std::vector<parallel::DeviceTimes>& step, int64_t number = -1);
   // Per device of this process, its summed times (`started` unused).
   const std::vector<parallel::DeviceTimes>& totals() const { return totals_; }
   int64_t steps() const { return steps_; }
+  // Every rank closes its part, then (after the job's barrier) rank 0 merges the others'.
+  void close_trace();
+  void merge_rank_traces();
 
   // The one step's times, for a metrics.jsonl line.
   static nlohmann::json step_json(const std::vector<parallel::DeviceTimes>& step);
@@ -43,6 +48,8 @@ class DeviceReport {
   std::vector<parallel::DeviceTimes> totals_;
   int64_t steps_ = 0;
   double origin_ = -1;  // the first step's start, the trace's time zero
+  std::string trace_path_;
+  int rank_ = 0, ranks_ = 1;
   std::unique_ptr<ChromeTrace> trace_;
 };
 

@@ -204,7 +204,7 @@ int run_training(const TrainPlan& plan) {
   const std::vector<std::string> device_names = strategy->all_devices();
   const std::vector<std::string> local_names = strategy->local_devices();
   const std::vector<Device> allocators = strategy->local_allocators();
-  DeviceReport report(local_names, plan.leader ? settings.trace_file : "");
+  DeviceReport report(local_names, settings.trace_file, plan.rank, plan.processes);
   int64_t skipped_steps = 0;
   std::vector<DeviceTotals> local_totals;
   trainer.on_start = [&](int64_t first_step, int64_t total) {
@@ -222,8 +222,8 @@ int run_training(const TrainPlan& plan) {
     }
     for (const Device& d : allocators) reset_peak_memory_stats(d);
   };
-  trainer.on_step = [&](int64_t, const Batch&, const parallel::StepResult& result) {
-    report.add_step(result.devices);
+  trainer.on_step = [&](int64_t step, const Batch&, const parallel::StepResult& result) {
+    report.add_step(result.devices, step);
     skipped_steps += result.skipped;
   };
   trainer.on_metrics = [&](nlohmann::json& line, const parallel::StepResult& result) {
@@ -242,8 +242,11 @@ int run_training(const TrainPlan& plan) {
     std::fputs(DeviceReport::table(device_names, totals, report.steps()).c_str(), stderr);
     std::fputs(strategy->layout_report(totals).c_str(), stderr);
   }
-  // No rank leaves before rank 0 has written the checkpoint.
+  // No rank leaves before rank 0 has written the checkpoint, nor before every rank's trace
+  // is on disk for rank 0 to merge.
+  report.close_trace();
   strategy->barrier();
+  if (plan.leader) report.merge_rank_traces();
   if (!trained.finished) {
     // Stopped early (--stop-after or a signal): the checkpoint is the result.
     if (plan.leader) {

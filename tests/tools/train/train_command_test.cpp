@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -337,6 +339,33 @@ TEST_F(TrainCommand, WritesTheDeviceTableAndATrace) {
   int spans = 0;
   for (const auto& event : events) spans += event["ph"] == "X";
   EXPECT_EQ(spans, 3 * 2 * 4);  // steps x devices x (compute, wait, all-reduce, optimizer)
+}
+
+// Under one process per device every rank is traced: one named process row per rank, the
+// step's number on each span, merged into the one file, no part left beside it.
+TEST_F(TrainCommand, TracesEveryRankOfADistributedJob) {
+  const fs::path trace = root_ / "ranks.trace.json";
+  const auto exits = comm::testing::launch_program(
+      2, kBinary,
+      split_words(base() + " --strategy ddp --steps 3 --trace " + trace.string() + " --out " + (root_ / "a").string()),
+      {});
+  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  std::ifstream in(trace);
+  const nlohmann::json events = nlohmann::json::parse(in);
+  std::map<int, int> spans;
+  std::map<int, std::string> names;
+  std::set<int64_t> steps;
+  for (const auto& event : events) {
+    if (event["ph"] == "X") {
+      ++spans[event["pid"].get<int>()];
+      steps.insert(event["args"]["step"].get<int64_t>());
+    }
+    if (event["name"] == "process_name") names[event["pid"].get<int>()] = event["args"]["name"];
+  }
+  EXPECT_EQ(spans, (std::map<int, int>{{0, 3 * 4}, {1, 3 * 4}}));  // steps x (compute, wait, all-reduce, optimizer)
+  EXPECT_EQ(names, (std::map<int, std::string>{{0, "rank 0"}, {1, "rank 1"}}));
+  EXPECT_EQ(steps, (std::set<int64_t>{1, 2, 3}));
+  EXPECT_FALSE(fs::exists(trace.string() + ".rank1"));
 }
 
 TEST_F(TrainCommand, SameSeedSameWeightsOtherSeedOtherWeights) {
