@@ -86,5 +86,12 @@ TEST(Device, ParsesAndRejects) {
   EXPECT_EQ(Device::cpu(2).str(), "cpu:2");
 }
 
+// An empty shape whose other sizes multiply past 64 bits is an error, not an overflow.
+TEST(Tensor, AnEmptyShapeWithStridesPast64BitsIsRefused) {
+  const int64_t big = int64_t{1} << 32;
+  EXPECT_THROW(Tensor::empty({0, big, big}, DType::u8), Error);
+  EXPECT_EQ(Tensor::empty({0, big}, DType::u8).numel(), 0);
+}
+
 }  // namespace
 }  // namespace lockstep

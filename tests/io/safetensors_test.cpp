@@ -1,6 +1,7 @@
 #include "lockstep/io/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -179,6 +180,21 @@ TEST(Safetensors, RejectsCorruptFiles) {
       {"negative", encode_by_hand(object({entry("a", "U8", "[-2]", 0, 0)}), {}), {"'a'", "non-negative"}},
       {"no-shape", encode_by_hand(R"({"a":{"dtype":"U8","data_offsets":[0,0]}})", {}), {"'a'", "'shape'"}},
       {"metadata", encode_by_hand(R"({"__metadata__":{"step":3}})", {}), {"'step'", "must be a string"}},
+      // A 0 does not let a size whose strides overflow 64 bits through.
+      {"zero-then-huge",
+       encode_by_hand(object({entry("a", "U8", "[0,4294967296,4294967296]", 0, 0)}), {}),
+       {"'a'", "too large"}},
+      // A header nested 100,000 deep: refused before the recursive parser sees it.
+      {"deep",
+       encode_by_hand("{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}", {}),
+       {"nests 100001 levels deep"}},
+      // A long value is quoted in part: the error stays one short line.
+      {"long-dtype",
+       encode_by_hand(object({entry("a", std::string(5000, 'X'), "[1]", 0, 4)}), {0, 0, 0, 0}),
+       {"'a'", "XXX..."}},
+      {"long-number",
+       encode_by_hand(object({entry("a", "F32", "[" + std::string(5000, '1') + "]", 0, 4)}), {}),
+       {"not valid JSON", "..."}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -191,8 +207,13 @@ TEST(Safetensors, RejectsCorruptFiles) {
       const std::string message = e.what();
       EXPECT_NE(message.find(path), std::string::npos) << message;
       for (const std::string& part : c.message) EXPECT_NE(message.find(part), std::string::npos) << message;
+      EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
     }
   }
+  // A FIFO is refused at once instead of waiting for a writer.
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error([&] { load_safetensors(fifo); }, {fifo, "not a regular file"});
   expect_error([&] { load_safetensors(dir.file("absent")); }, {dir.file("absent"), "No such file"});
 }
 

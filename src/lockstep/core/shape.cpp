@@ -17,7 +17,9 @@ Strides contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= shape[i] > 0 ? shape[i] : 1;
+    // A 0 elsewhere makes the tensor empty, but not these strides small.
+    LOCKSTEP_CHECK(!__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride))
+        << "shape " << shape_str(shape) << " is too large: its strides overflow 64 bits";
   }
   return strides;
 }

@@ -97,11 +97,18 @@ std::string header_json(const NamedTensors& tensors, const Metadata& metadata) {
   return text;
 }
 
+// Text and JSON values as an error quotes them: at most 80 characters.
+std::string shortened(std::string text) {
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+std::string excerpt(const Json& value) { return shortened(value.dump()); }
+
 DType parse_safetensors_dtype(const std::string& name, const std::string& where) {
   for (DType d : kDtypes) {
     if (name == dtype_safetensors_name(d)) return d;
   }
-  LOCKSTEP_FAIL() << where << " has dtype '" << name
+  LOCKSTEP_FAIL() << where << " has dtype '" << shortened(name)
                   << "', which Lockstep does not read; supported: F32, F64, BF16, F16, I32, I64, U8";
   return DType::f32;
 }
@@ -109,7 +116,7 @@ DType parse_safetensors_dtype(const std::string& name, const std::string& where)
 int64_t json_size(const Json& value, const std::string& what, const std::string& where) {
   LOCKSTEP_CHECK(value.is_number_unsigned() &&
                  value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      << where << ": " << what << " must be a non-negative integer, got " << value.dump();
+      << where << ": " << what << " must be a non-negative integer, got " << excerpt(value);
   return static_cast<int64_t>(value.get<uint64_t>());
 }
 
@@ -121,34 +128,37 @@ struct Entry {
 };
 
 Entry parse_entry(const std::string& name, const Json& info, int64_t buffer_bytes, const std::string& file) {
-  const std::string where = "safetensors file '" + file + "': tensor '" + name + "'";
-  LOCKSTEP_CHECK(info.is_object()) << where << " is described by " << info.dump() << ", not an object";
+  const std::string where = "safetensors file '" + file + "': tensor '" + shortened(name) + "'";
+  LOCKSTEP_CHECK(info.is_object()) << where << " is described by " << excerpt(info) << ", not an object";
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
     LOCKSTEP_CHECK(info.contains(field)) << where << " has no '" << field << "' field";
   }
-  LOCKSTEP_CHECK(info["dtype"].is_string()) << where << ": dtype must be a string, got " << info["dtype"].dump();
+  LOCKSTEP_CHECK(info["dtype"].is_string()) << where << ": dtype must be a string, got " << excerpt(info["dtype"]);
   Entry entry{name, parse_safetensors_dtype(info["dtype"].get<std::string>(), where), {}, 0, 0};
-  LOCKSTEP_CHECK(info["shape"].is_array()) << where << ": shape must be an array, got " << info["shape"].dump();
+  LOCKSTEP_CHECK(info["shape"].is_array()) << where << ": shape must be an array, got " << excerpt(info["shape"]);
   int64_t elements = 1;
+  int64_t extent = 1;  // the product of the sizes that are not 0: a 0 must not let a huge size through
   for (const Json& d : info["shape"]) {
     const int64_t size = json_size(d, "each dimension", where);
-    LOCKSTEP_CHECK(size == 0 || elements <= std::numeric_limits<int64_t>::max() / 8 / size)
-        << where << ": shape " << info["shape"].dump() << " is too large";
+    LOCKSTEP_CHECK(size == 0 || extent <= std::numeric_limits<int64_t>::max() / 8 / size)
+        << where << ": shape " << excerpt(info["shape"]) << " is too large";
     elements *= size;
+    if (size > 0) extent *= size;
     entry.shape.push_back(size);
   }
   const Json& offsets = info["data_offsets"];
   LOCKSTEP_CHECK(offsets.is_array() && offsets.size() == 2)
-      << where << ": data_offsets must be [begin, end], got " << offsets.dump();
+      << where << ": data_offsets must be [begin, end], got " << excerpt(offsets);
   entry.begin = json_size(offsets[0], "data_offsets", where);
   entry.end = json_size(offsets[1], "data_offsets", where);
-  LOCKSTEP_CHECK(entry.begin <= entry.end) << where << ": data_offsets " << offsets.dump() << " end before they begin";
+  LOCKSTEP_CHECK(entry.begin <= entry.end)
+      << where << ": data_offsets " << excerpt(offsets) << " end before they begin";
   LOCKSTEP_CHECK(entry.end <= buffer_bytes)
-      << where << ": data_offsets " << offsets.dump() << " reach past the data, which holds " << buffer_bytes
+      << where << ": data_offsets " << excerpt(offsets) << " reach past the data, which holds " << buffer_bytes
       << " bytes (is the file truncated?)";
   const int64_t expected = elements * static_cast<int64_t>(dtype_size(entry.dtype));
   LOCKSTEP_CHECK(entry.end - entry.begin == expected)
-      << where << ": data_offsets " << offsets.dump() << " span " << entry.end - entry.begin << " bytes, but "
+      << where << ": data_offsets " << excerpt(offsets) << " span " << entry.end - entry.begin << " bytes, but "
       << info["dtype"].get<std::string>() << " " << shape_str(entry.shape) << " needs " << expected;
   return entry;
 }
@@ -226,12 +236,40 @@ struct Header {
 };
 
 int open_for_reading(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; such a file is
+  // refused below. Regular files ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     LOCKSTEP_FAIL() << "cannot open safetensors file '" << path << "': " << std::strerror(err);
   }
   return fd;
+}
+
+// The deepest nesting of objects and arrays in JSON text (strings skipped). A legitimate
+// header nests three deep; a hostile one 100,000 deep would overflow the stack of the
+// recursive parser and of the dumps that quote it in errors.
+int nesting_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 Header read_header(const FileDescriptor& fd, const std::string& path) {
@@ -251,10 +289,14 @@ Header read_header(const FileDescriptor& fd, const std::string& path) {
   read_all(fd.get(), text.data(), text.size(), 8, path);
   LOCKSTEP_CHECK(!text.empty() && text[0] == '{')
       << "safetensors file '" << path << "': the header does not start with '{': not a safetensors file";
+  constexpr int kMaxDepth = 16;
+  const int depth = nesting_depth(text);
+  LOCKSTEP_CHECK(depth <= kMaxDepth) << "safetensors file '" << path << "': the header nests " << depth
+                                     << " levels deep (a safetensors header nests 3): not a safetensors file";
   try {
     file.json = Json::parse(text);
   } catch (const Json::exception& e) {
-    LOCKSTEP_FAIL() << "safetensors file '" << path << "': the header is not valid JSON: " << e.what();
+    LOCKSTEP_FAIL() << "safetensors file '" << path << "': the header is not valid JSON: " << shortened(e.what());
   }
   LOCKSTEP_CHECK(file.json.is_object()) << "safetensors file '" << path << "': the header is not a JSON object";
   file.data_start = 8 + static_cast<int64_t>(header_bytes);
@@ -263,11 +305,11 @@ Header read_header(const FileDescriptor& fd, const std::string& path) {
 
 Metadata parse_metadata(const Json& value, const std::string& path) {
   LOCKSTEP_CHECK(value.is_object()) << "safetensors file '" << path << "': __metadata__ must be an object, got "
-                                    << value.dump();
+                                    << excerpt(value);
   Metadata metadata;
   for (const auto& [meta_key, meta_value] : value.items()) {
     LOCKSTEP_CHECK(meta_value.is_string()) << "safetensors file '" << path << "': metadata '" << meta_key
-                                           << "' must be a string, got " << meta_value.dump();
+                                           << "' must be a string, got " << excerpt(meta_value);
     metadata[meta_key] = meta_value.get<std::string>();
   }
   return metadata;
