@@ -22,6 +22,7 @@
 #include "lockstep/comm/local_communicator.h"
 #include "lockstep/core/device.h"
 #include "tools/bench/collective_timing.h"
+#include "tools/common/byte_size.h"
 #include "tools/common/commands.h"
 #include "tools/common/flags.h"
 
@@ -55,18 +56,11 @@ struct Row {
   double mpi_seconds = 0;  // 0: not compared
 };
 
-int64_t parse_bytes(const std::string& text, const std::string& flag) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  double scale = 1;
-  const std::string unit = end ? std::string(end) : "";
-  if (unit == "K" || unit == "k") scale = 1024;
-  if (unit == "M" || unit == "m") scale = 1024.0 * 1024;
-  if (unit == "G" || unit == "g") scale = 1024.0 * 1024 * 1024;
-  if (end == text.c_str() || value < 0 || (!unit.empty() && scale == 1)) {
-    throw UsageError("--" + flag + " takes a byte count like 4096, 4K, 256M or 1G; got '" + text + "'");
-  }
-  return static_cast<int64_t>(value * scale);
+// A size flag (tools/common/byte_size.h: 4096, 4K, 256M, 1GiB): more than 0 where `positive`.
+int64_t parse_bytes(const std::string& text, const std::string& flag, bool positive = false) {
+  const auto bytes = static_cast<int64_t>(parse_byte_size(text, "--" + flag));
+  if (positive && bytes == 0) throw UsageError("--" + flag + " must be more than 0 bytes, got '" + text + "'");
+  return bytes;
 }
 
 // nccl-tests' short flags, so its command lines carry over.
@@ -109,7 +103,7 @@ TimingSettings settings_of(const Options& o) {
   TimingSettings s;
   s.iters = o.iters;
   s.warmup = o.warmup;
-  s.check = o.check != 0;
+  s.check = o.check == 1;
   s.dtype = parse_dtype(o.datatype);
   s.op = comm::parse_reduce_op(o.op);
   return s;
@@ -119,7 +113,7 @@ TimingSettings settings_of(const Options& o) {
 // MPI half of a local run's comparison), with no B_update.
 std::vector<Row> measure(comm::Communicator* comm, const Options& o, int ranks, bool with_mpi, double* update_bw) {
   const TimingSettings settings = settings_of(o);
-  *update_bw = comm ? update_bandwidth(*comm, parse_bytes(o.update_bytes, "update-bytes"), settings) : 0;
+  *update_bw = comm ? update_bandwidth(*comm, parse_bytes(o.update_bytes, "update-bytes", true), settings) : 0;
   std::vector<Row> rows;
   for (Collective what : collectives_of(o.collective)) {
     for (int64_t bytes : sizes_of(o, ranks)) {
@@ -306,7 +300,9 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   }
   if (o.iters < 1) throw UsageError("-n (--iters) must be at least 1, got " + std::to_string(o.iters));
   if (o.warmup < 0) throw UsageError("-w (--warmup_iters) must be 0 or more, got " + std::to_string(o.warmup));
-  if (o.ranks < 0) throw UsageError("-g (--ranks) must be at least 1, got " + std::to_string(o.ranks));
+  // 0 stands for "the host's cores" when -g is left out.
+  if (o.ranks < 0 || (flags.given("ranks") && o.ranks == 0) || o.ranks > 4096)
+    throw UsageError("-g (--ranks) must be 1 to 4096, got " + std::to_string(o.ranks));
   const int ranks = static_cast<int>(o.ranks > 0 ? o.ranks : host_cores());
   // Every setting is checked here, before any rank starts.
   try {
@@ -317,9 +313,10 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
+  if (o.check != 0 && o.check != 1) throw UsageError("--check must be 0 or 1, got " + std::to_string(o.check));
   collectives_of(o.collective);
   sizes_of(o, ranks);
-  parse_bytes(o.update_bytes, "update-bytes");
+  parse_bytes(o.update_bytes, "update-bytes", true);
 
   if (o.mpi_reference_only) {
     const comm::LaunchInfo job = comm::launch_info_from_env();

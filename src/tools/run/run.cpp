@@ -181,8 +181,11 @@ int run_main(const std::vector<std::string>& args) {
   }
   if (!flags.given("nproc") && !gpus.empty() && gpus != "auto")
     workers = static_cast<int64_t>(gpu::parse_gpu_list(gpus).size());
-  if (workers < 1) {
-    throw UsageError("-n must be at least 1, got " + std::to_string(workers) +
+  // A worker holds pipes and a process: more than a host's fd and process limits allow is
+  // a typo, not a job.
+  constexpr int64_t kMostWorkers = 1024;
+  if (workers < 1 || workers > kMostWorkers) {
+    throw UsageError("-n must be 1 to " + std::to_string(kMostWorkers) + ", got " + std::to_string(workers) +
                      " (one worker per device: lockstep run -n 2 -- CMD)");
   }
   if (flags.given("master-port")) {
@@ -198,7 +201,9 @@ int run_main(const std::vector<std::string>& args) {
   ask.wait_seconds = wait_seconds;
 
   if (log_dir.empty()) log_dir = fresh_run_dir("launch-");
-  fs::create_directories(log_dir);
+  std::error_code log_dir_error;
+  fs::create_directories(log_dir, log_dir_error);
+  if (log_dir_error) throw Error("--log-dir " + log_dir + ": cannot create it: " + log_dir_error.message());
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const std::string threads =
       omp != nullptr ? omp : std::to_string(std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, workers)));

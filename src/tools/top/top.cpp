@@ -115,8 +115,10 @@ int top_main(const std::vector<std::string>& args) {
   flags.add("log", &options.log_path, "append every sample to FILE.csv or FILE.jsonl (the extension picks)");
   flags.add("serve", &options.serve, "Prometheus metrics on GET /metrics at [HOST]:PORT, dcgm-exporter's names");
   if (!flags.parse(long_flags(args))) return 0;
-  if (!(options.interval > 0))
-    throw UsageError("--interval " + flag_number(options.interval) + ": the interval must be more than 0 seconds");
+  // A day at most: a larger number overflows the clock's ticks and would sample in a busy loop.
+  if (!(options.interval > 0) || options.interval > 86400)
+    throw UsageError("--interval " + flag_number(options.interval) +
+                     ": the interval must be more than 0 seconds and at most a day (86400)");
   if (options.count < 0) throw UsageError("--count must be 0 (until stopped) or more");
   if (once) {
     if (flags.given("count") && options.count != 1) throw UsageError("--once is --count 1; give one or the other");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "lockstep/nn/models.h"
 #include "lockstep/optim/schedule.h"
@@ -196,6 +197,17 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
   TrainPlan plan;
   TrainOptions& s = plan.settings;
   s = flags;
+  // The values that stand for "the default" (-1, 0) are not values a user can give.
+  for (const auto& [flag, value, least] : {std::tuple<const char*, int64_t, int64_t>{"micro-batch", s.micro_batch, 1},
+                                           {"steps", s.steps, 0},
+                                           {"layers", s.layers, 1},
+                                           {"heads", s.heads, 1},
+                                           {"width", s.width, 1},
+                                           {"context", s.context, 1}}) {
+    require(!given(flag) || value >= least, "--" + std::string(flag) + " must be " + std::to_string(least) +
+                                                " or more (leave it out for the default), got " +
+                                                std::to_string(value));
+  }
   require(s.resume_dir != "auto" || !s.out_dir.empty(),
           "--resume auto resumes from --out's newest checkpoint: give --out DIR too");
   plan.out_dir = !s.out_dir.empty() ? s.out_dir : !s.resume_dir.empty() ? s.resume_dir : environment.fresh_out_dir;

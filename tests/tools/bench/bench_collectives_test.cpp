@@ -96,8 +96,9 @@ TEST(BenchCollectives, LocalWithMpiComparisonRunsMpiInAChildJob) {
 }
 
 TEST(BenchCollectives, BadFlagsAreUsageErrors) {
-  for (const char* args : {"--backend tcp", "-b 4Q", "-b 8K -e 4K", "--collective all_to_all", "-f 1", "--compare nccl",
-                           "-d q8", "-n 0", "-w -1"}) {
+  for (const char* args :
+       {"--backend tcp", "-b 4Q", "-b 8K -e 4K", "--collective all_to_all", "-f 1", "--compare nccl", "-d q8", "-n 0",
+        "-w -1", "--update-bytes 0", "-b nanK", "-b 1e30", "-e inf", "-c 2", "-g 0"}) {
     const Result result = run(args);
     EXPECT_EQ(result.exit_code, 2) << args << "\n" << result.output;
     EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << args << "\n" << result.output;

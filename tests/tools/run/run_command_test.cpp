@@ -124,10 +124,11 @@ TEST_F(RunCommand, RestartsTheGroupAfterAFailure) {
 
 TEST_F(RunCommand, BadInputGetsOneLineAndExitCodeTwo) {
   for (const std::string& arguments :
-       {std::string("-n 0 -- true"), std::string("-n 2"), std::string("-n 2 -- no-such-program-here"),
-        std::string("--bogus 1 -- true"), std::string("-n 2 -- /no/such/file"),
-        std::string("-n 1 --min-free-memory 10X -- true"), std::string("--gpus 1,x -- true"),
-        std::string("-n 1 --master-port 70000 -- true"), std::string("-n 1 --gpus 0 -- true")}) {
+       {std::string("-n 0 -- true"), std::string("-n 2147483648 -- true"), std::string("-n 2"),
+        std::string("-n 2 -- no-such-program-here"), std::string("--bogus 1 -- true"),
+        std::string("-n 2 -- /no/such/file"), std::string("-n 1 --min-free-memory 10X -- true"),
+        std::string("--gpus 1,x -- true"), std::string("-n 1 --master-port 70000 -- true"),
+        std::string("-n 1 --gpus 0 -- true")}) {
     // No NVML (whatever this host has), so --gpus 0 names a GPU that is not there.
     const Result r = launch(arguments, kNoNvml);
     EXPECT_EQ(r.exit_code, 2) << arguments << "\n" << r.output;

@@ -73,10 +73,11 @@ TEST(TopCommand, BadInputIsAUsageErrorThatSaysWhatIsWrong) {
   struct Case {
     std::string arguments, message;
   };
-  for (const Case& c : {Case{"-l 0", "more than 0 seconds"}, Case{"-l -1", "more than 0 seconds"},
-                        Case{"-l soon", "--interval expects a number"}, Case{"--bogus", "unknown option --bogus"},
-                        Case{"--log samples.txt", "must end in .csv or .jsonl"},
-                        Case{"--count -2", "--count must be 0"}, Case{"--serve 9400", "expected :PORT or HOST:PORT"}}) {
+  for (const Case& c :
+       {Case{"-l 0", "more than 0 seconds"}, Case{"-l -1", "more than 0 seconds"}, Case{"-l 1e300", "at most a day"},
+        Case{"-l soon", "--interval expects a number"}, Case{"--bogus", "unknown option --bogus"},
+        Case{"--log samples.txt", "must end in .csv or .jsonl"}, Case{"--count -2", "--count must be 0"},
+        Case{"--serve 9400", "expected :PORT or HOST:PORT"}}) {
     const Result r = top(kWithoutNvml, c.arguments);
     EXPECT_EQ(r.exit_code, 2) << c.arguments << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.arguments << "\n" << r.output;

@@ -210,6 +210,20 @@ TEST(TrainPlan, OutOfRangeValuesAreUsageErrors) {
             std::string::npos);
   EXPECT_NE(error_of([](TrainOptions& o) { o.lr = -1; }, "lr").find("--lr must be a positive number"),
             std::string::npos);
+  // -1 and 0 mean "the default" inside, not when given.
+  EXPECT_NE(
+      error_of([](TrainOptions& o) { o.micro_batch = -3; }, "micro-batch").find("--micro-batch must be 1 or more"),
+      std::string::npos);
+  EXPECT_NE(error_of(
+                [](TrainOptions& o) {
+                  o.model = "gpt";
+                  o.heads = 0;
+                },
+                "heads")
+                .find("--heads must be 1 or more"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TrainOptions& o) { o.steps = -1; }, "steps").find("--steps must be 0 or more"),
+            std::string::npos);
   EXPECT_NE(error_of([](TrainOptions& o) { o.precision = "bf16"; }, "precision").find("runs on GPU devices"),
             std::string::npos);
   EXPECT_NE(error_of([](TrainOptions& o) { o.precision = "f8"; }, "precision").find("must be f32, bf16 or f16"),
