@@ -270,6 +270,22 @@ TEST(Trainer, AFailedWriteStopsTheRunAndKeepsThePreviousCheckpoint) {
   EXPECT_EQ(load_checkpoint(dir.file("run/checkpoint.safetensors")).metadata.at("step"), "2");
 }
 
+// A full disk under metrics.jsonl (here /dev/full) stops the run with one line that says so
+// and names the checkpoint that is kept.
+TEST(Trainer, AFullDiskUnderTheMetricsStopsTheRunNamingWhatIsKept) {
+  TempDir dir;
+  const auto data = regression_data();
+  TrainerOptions options = recipe(dir.file("run"), 12);
+  options.checkpoint_every = 2;
+  options.log_every = 3;
+  std::filesystem::create_directories(dir.file("run"));
+  std::filesystem::create_symlink("/dev/full", dir.file("run/metrics.jsonl"));
+  const auto dp = layout(1);
+  testing::expect_error([&] { Trainer(*dp, data, options).fit(); },
+                        {"metrics.jsonl", "the run stops at step 3, its checkpoint of step 2", "is intact"});
+  EXPECT_EQ(load_checkpoint(dir.file("run/checkpoint.safetensors")).metadata.at("step"), "2");
+}
+
 TEST(Trainer, EvaluateLossIsTheMeanOverEveryTerm) {
   const auto data = regression_data();
   auto model = std::make_shared<nn::Linear>(2, 1);

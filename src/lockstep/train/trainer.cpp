@@ -155,7 +155,15 @@ TrainSummary Trainer::fit() {
                              {"lr", layout_.lr()},
                              {"samples_per_second", summary.samples_per_second}};
       if (on_metrics) on_metrics(line, result);
-      metrics->write(line);
+      try {
+        metrics->write(line);
+      } catch (const Error& e) {
+        // A full disk: stop, and say what is kept.
+        LOCKSTEP_FAIL() << e.what() << "; the run stops at step " << step
+                        << (saved_step_ >= 0 ? ", its checkpoint of step " + std::to_string(saved_step_) + " in " +
+                                                   options_.out_dir + " is intact"
+                                             : ", before its first checkpoint");
+      }
     }
     if (on_step) on_step(step, *batch, result);
     if (step == total) break;  // the end's checkpoint follows
@@ -228,6 +236,7 @@ void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& s
     metadata["seed"] = std::to_string(options_.seed);
     metadata["batch_size"] = std::to_string(options_.batch_size);
     writer_->write(step, tensors, std::move(metadata));
+    saved_step_ = step;
   }
   summary.checkpoint_hold_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

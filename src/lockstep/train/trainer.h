@@ -112,6 +112,7 @@ class Trainer {
   TrainerOptions options_;
   nn::Module* trained_ = nullptr;
   std::unique_ptr<CheckpointWriter> writer_;  // the leader's, with out_dir
+  int64_t saved_step_ = -1;                   // of the last checkpoint handed to it
 };
 
 // The mean of a per-sample loss (parallel/loss_function.h) over a dataset, in eval mode and
