@@ -21,6 +21,32 @@ constexpr size_t kTailLines = 20;
 
 using Clock = std::chrono::steady_clock;
 
+// The keeper: a process of its own that outlives the launcher. It reads the workers' pids
+// from a pipe only the launcher writes; when the pipe closes — the launcher is done, or
+// was killed, even by SIGKILL — it kills each worker's whole process group, so nothing a
+// worker started (a shell's children, a training script's data loaders) outlives the job.
+// PR_SET_PDEATHSIG reaches only the workers themselves. Only async-signal-safe calls.
+[[noreturn]] void keep(int read_fd) {
+  signal(SIGINT, SIG_IGN);  // the terminal's ^C reaches the launcher's group; the launcher decides
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
+  constexpr int kMost = 4096;
+  static pid_t groups[kMost];
+  int count = 0;
+  for (;;) {
+    pid_t pid = 0;
+    const ssize_t n = read(read_fd, &pid, sizeof(pid));
+    if (n == sizeof(pid)) {
+      if (count < kMost) groups[count++] = pid;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;  // end of file: the launcher is gone
+  }
+  for (int i = 0; i < count; ++i) kill(-groups[i], SIGKILL);
+  _exit(0);
+}
+
 }  // namespace
 
 std::string WorkerExit::describe() const {
@@ -30,6 +56,16 @@ std::string WorkerExit::describe() const {
 
 WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs) : workers_(specs.size()) {
   const pid_t launcher = getpid();
+  int keeper_pipe[2];
+  LOCKSTEP_CHECK(pipe2(keeper_pipe, O_CLOEXEC) == 0) << "pipe: " << std::strerror(errno);
+  keeper_ = fork();
+  LOCKSTEP_CHECK(keeper_ >= 0) << "fork: " << std::strerror(errno);
+  if (keeper_ == 0) {
+    close(keeper_pipe[1]);
+    keep(keeper_pipe[0]);
+  }
+  close(keeper_pipe[0]);
+  keeper_fd_ = keeper_pipe[1];  // close-on-exec: no worker holds it open
   for (size_t r = 0; r < specs.size(); ++r) {
     const WorkerSpec& spec = specs[r];
     Worker& w = workers_[r];
@@ -73,6 +109,7 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs) : workers_(specs.
       _exit(127);
     }
     setpgid(pid, pid);  // also from this side, so it holds before the child runs
+    (void)!write(keeper_fd_, &pid, sizeof(pid));
     close(fds[1]);
     w.pid = pid;
     w.fd = fds[0];
@@ -82,10 +119,14 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs) : workers_(specs.
 WorkerGroup::~WorkerGroup() {
   signal_all(SIGKILL);
   for (Worker& w : workers_) {
-    if (w.running && w.pid > 0) waitpid(w.pid, nullptr, 0);
+    // Ended workers were left unreaped (zombies), so no other process could take their pid
+    // as a process group id before their groups were killed just now.
+    if (w.pid > 0) waitpid(w.pid, nullptr, 0);
     if (w.fd >= 0) close(w.fd);
     if (w.log != nullptr) std::fclose(w.log);
   }
+  if (keeper_fd_ >= 0) close(keeper_fd_);  // the keeper kills the groups again and leaves
+  if (keeper_ > 0) waitpid(keeper_, nullptr, 0);
 }
 
 void WorkerGroup::relay(Worker& w, int rank, const char* data, size_t n) {
@@ -139,18 +180,22 @@ int64_t WorkerGroup::pump(int timeout_ms) {
 void WorkerGroup::reap(WorkerExit& first) {
   for (Worker& w : workers_) {
     if (!w.running) continue;
-    int status = 0;
-    if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    // WNOWAIT: seen, not reaped, so the pid stays this worker's (see signal_all).
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != w.pid)
+      continue;
     w.running = false;
-    if (WIFEXITED(status)) w.exit.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) w.exit.signal = WTERMSIG(status);
+    if (info.si_code == CLD_EXITED) w.exit.exit_code = info.si_status;
+    if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) w.exit.signal = info.si_status;
     if (!w.exit.ok() && first.rank < 0) first = w.exit;
   }
 }
 
 void WorkerGroup::signal_all(int signal) {
+  // Every group, also of a worker that has ended: what it started may still run. Its pid
+  // is still its (a zombie until the destructor), so the group id is not anyone else's.
   for (const Worker& w : workers_) {
-    if (w.running && w.pid > 0) kill(-w.pid, signal);  // the whole process group
+    if (w.pid > 0) kill(-w.pid, signal);
   }
 }
 

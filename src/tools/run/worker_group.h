@@ -1,6 +1,8 @@
 // The processes `lockstep run` starts: one per rank, each the leader of its own process
 // group (so stopping a rank stops whatever it started), killed if the launcher dies
-// (PR_SET_PDEATHSIG), its stdout and stderr read through one pipe. The launcher prints
+// (PR_SET_PDEATHSIG for the worker, and a keeper process that kills each worker's whole
+// group once the launcher is gone, even by SIGKILL), its stdout and stderr read through one
+// pipe. The launcher prints
 // every line prefixed by its rank, keeps the whole output in a log file per rank and the
 // last lines in memory for the failure summary.
 #pragma once
@@ -66,6 +68,8 @@ class WorkerGroup {
   void signal_all(int signal);
 
   std::vector<Worker> workers_;
+  pid_t keeper_ = -1;   // kills the workers' groups when keeper_fd_ closes
+  int keeper_fd_ = -1;  // the write end of its pipe of pids
 };
 
 }  // namespace lockstep::tools

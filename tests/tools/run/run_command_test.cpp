@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -82,7 +83,8 @@ TEST_F(RunCommand, AFailedWorkerStopsTheOthersAndIsNamed) {
   for (int rank : {0, 2}) EXPECT_FALSE(alive(root_ / ("pid-" + std::to_string(rank)))) << "rank " << rank;
 }
 
-// SIGTERM to the launcher reaches every worker; SIGKILL to it takes them down with it.
+// SIGTERM to the launcher reaches every worker; SIGKILL to it takes them down with it, and
+// what they started too (a shell's child in the background).
 TEST_F(RunCommand, NoWorkerOutlivesTheLauncher) {
   for (const int signal : {SIGTERM, SIGKILL}) {
     const fs::path pids = root_ / ("pids-" + std::to_string(signal));
@@ -90,25 +92,43 @@ TEST_F(RunCommand, NoWorkerOutlivesTheLauncher) {
     const pid_t launcher = fork();
     ASSERT_GE(launcher, 0);
     if (launcher == 0) {
-      const std::string script = "echo $$ > " + pids.string() + "/$RANK; exec sleep 60";
+      const std::string script =
+          "sleep 60 & echo $! > " + pids.string() + "/child-$RANK; echo $$ > " + pids.string() + "/$RANK; wait";
       const std::string logs = (root_ / "logs").string();
       execl(kBinary.c_str(), kBinary.c_str(), "run", "-n", "2", "--log-dir", logs.c_str(), "--", "sh", "-c",
             script.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
-    for (int i = 0; i < 200 && !(fs::exists(pids / "0") && fs::exists(pids / "1")); ++i)
+    const std::vector<fs::path> all = {pids / "0", pids / "1", pids / "child-0", pids / "child-1"};
+    const auto every = [&](auto predicate) { return std::all_of(all.begin(), all.end(), predicate); };
+    for (int i = 0; i < 200 && !every([](const fs::path& p) { return fs::exists(p) && fs::file_size(p) > 0; }); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ASSERT_TRUE(alive(pids / "0") && alive(pids / "1")) << "the workers did not start";
+    ASSERT_TRUE(every([&](const fs::path& p) { return alive(p); })) << "the workers did not start";
     kill(launcher, signal);
     int status = 0;
     waitpid(launcher, &status, 0);
     bool gone = false;
     for (int i = 0; i < 250 && !gone; ++i) {
-      gone = !alive(pids / "0") && !alive(pids / "1");
+      gone = every([&](const fs::path& p) { return !alive(p); });
       if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    EXPECT_TRUE(gone) << "a worker outlived a launcher ended by signal " << signal;
+    EXPECT_TRUE(gone) << "a worker or its child outlived a launcher ended by signal " << signal;
   }
+}
+
+// A worker that ended leaves nothing behind when the job ends: what it started in the
+// background goes with the group.
+TEST_F(RunCommand, WhatAnEndedWorkerStartedEndsWithTheJob) {
+  const fs::path child = root_ / "child";
+  const Result r = launch("-n 2 -- sh -c 'if [ $RANK = 0 ]; then sleep 60 & echo $! > " + child.string() +
+                          "; exit 0; fi; while [ ! -s " + child.string() + " ]; do sleep 0.01; done; exit 3'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;  // rank 1's
+  bool gone = false;
+  for (int i = 0; i < 250 && !gone; ++i) {
+    gone = !alive(child);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << "rank 0's background child outlived the job";
 }
 
 TEST_F(RunCommand, RestartsTheGroupAfterAFailure) {
