@@ -24,6 +24,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
+const std::string kTestSecret(32, 's');
+
 // Every variable launch_info_from_env reads. The guard clears them all, so the environment
 // the tests run in cannot leak in, and puts them back afterwards.
 const char* const kLaunchVariables[] = {
@@ -302,7 +304,7 @@ TEST(LaunchEnv, RendezvousOverTcpWhenMasterAddressIsGiven) {
   // A free port: bound by a probe server, then released.
   int port = 0;
   {
-    auto probe = TcpStore::create("127.0.0.1", 0, true, 1s);
+    auto probe = TcpStore::create("127.0.0.1", 0, true, 1s, kTestSecret);
     port = probe->port();
   }
   LaunchInfo info;

@@ -20,6 +20,7 @@
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/comm/file_store.h"
+#include "lockstep/comm/tcp_protocol.h"
 #include "lockstep/comm/tcp_store.h"
 
 namespace lockstep::comm {
@@ -208,10 +209,12 @@ TEST(MemoryStore, AllGatherOfOne) {
 
 // ---- TcpStore ----
 
-std::shared_ptr<TcpStore> serve() { return TcpStore::create("127.0.0.1", 0, true, 5s); }
+const std::string kTestSecret(32, 's');
+
+std::shared_ptr<TcpStore> serve() { return TcpStore::create("127.0.0.1", 0, true, 5s, kTestSecret); }
 
 std::shared_ptr<TcpStore> connect_to(const TcpStore& server) {
-  return TcpStore::create("127.0.0.1", server.port(), false, 5s);
+  return TcpStore::create("127.0.0.1", server.port(), false, 5s, kTestSecret);
 }
 
 TEST(TcpStore, ServerPicksAFreePort) {
@@ -378,7 +381,8 @@ TEST(TcpStore, ConnectTimeoutNamesHostAndPort) {
   ::getsockname(blocker, reinterpret_cast<sockaddr*>(&address), &length);
   const int port = ntohs(address.sin_port);
 
-  const std::string message = error_message<CommError>([&] { TcpStore::create("127.0.0.1", port, false, 200ms); });
+  const std::string message =
+      error_message<CommError>([&] { TcpStore::create("127.0.0.1", port, false, 200ms, kTestSecret); });
   EXPECT_TRUE(contains(message, "cannot reach the rendezvous store at 127.0.0.1:" + std::to_string(port))) << message;
   EXPECT_TRUE(contains(message, "within 0.2 s")) << message;
   EXPECT_TRUE(contains(message, "MASTER_ADDR/MASTER_PORT")) << message;
@@ -397,13 +401,13 @@ TEST(TcpStore, ClientWaitsForALateServer) {
   std::thread starter([&] {
     std::this_thread::sleep_for(150ms);
     try {
-      server = TcpStore::create("127.0.0.1", port, true, 5s);
+      server = TcpStore::create("127.0.0.1", port, true, 5s, kTestSecret);
       server->set("hello", "world");
     } catch (const std::exception& e) {
       error = e.what();
     }
   });
-  auto client = TcpStore::create("127.0.0.1", port, false, 20s);
+  auto client = TcpStore::create("127.0.0.1", port, false, 20s, kTestSecret);
   EXPECT_EQ(client->get("hello", 20s), "world");
   starter.join();
   EXPECT_EQ(error, "");
@@ -412,7 +416,7 @@ TEST(TcpStore, ClientWaitsForALateServer) {
 TEST(TcpStore, PortInUseSaysSoAndSuggestsMasterPort) {
   auto server = serve();
   const std::string message =
-      error_message<CommError>([&] { TcpStore::create("127.0.0.1", server->port(), true, 1s); });
+      error_message<CommError>([&] { TcpStore::create("127.0.0.1", server->port(), true, 1s, kTestSecret); });
   EXPECT_TRUE(contains(message, "port " + std::to_string(server->port()))) << message;
   EXPECT_TRUE(contains(message, "in use")) << message;
   EXPECT_TRUE(contains(message, "MASTER_PORT")) << message;
@@ -445,22 +449,94 @@ TEST(TcpStore, ServerStoppingWakesAParkedGet) {
   EXPECT_TRUE(contains(message, "127.0.0.1:")) << message;
 }
 
-TEST(TcpStore, AStrangerOnThePortDoesNotDisturbTheStore) {
-  auto server = serve();
-  const int stranger = ::socket(AF_INET, SOCK_STREAM, 0);
+// A raw connection to the store's port.
+int connect_raw(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(server->port()));
-  ASSERT_EQ(::connect(stranger, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  return fd;
+}
+
+// Everything the peer sends until it closes the connection.
+std::string read_to_end(int fd) {
+  std::string all;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) all.append(buffer, static_cast<size_t>(n));
+  return all;
+}
+
+TEST(TcpStore, AStrangerOnThePortDoesNotDisturbTheStore) {
+  auto server = serve();
+  server->set("lockstep/world/names", "rank 0's segments");
+  // An HTTP probe, and a client that skips the handshake and asks for a key at once: each
+  // gets the challenge and is hung up on, never a value.
   const std::string probe = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
-  ASSERT_EQ(::send(stranger, probe.data(), probe.size(), MSG_NOSIGNAL), static_cast<ssize_t>(probe.size()));
-  char byte = 0;
-  EXPECT_EQ(::recv(stranger, &byte, 1, 0), 0);  // the server hangs up on it
-  ::close(stranger);
+  const std::string get = tcp::FrameWriter().u8(uint8_t(tcp::Op::get)).str("lockstep/world/names").i64(0).finish();
+  for (const std::string& request : {probe, get}) {
+    const int stranger = connect_raw(server->port());
+    ASSERT_EQ(::send(stranger, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    const std::string heard = read_to_end(stranger);
+    ::close(stranger);
+    EXPECT_EQ(heard.size(), tcp::kLengthBytes + 1 + 4 + tcp::kNonceBytes) << "only the challenge";
+    EXPECT_EQ(heard.find("segments"), std::string::npos);
+  }
   auto client = connect_to(*server);
   client->set("fine", "yes");
   EXPECT_EQ(server->get("fine", 1s), "yes");
+}
+
+// A rank without the job's secret is refused with a message that says why, and a client
+// that answers the challenge with a made-up proof never reaches a key; the store serves on.
+TEST(TcpStore, ARankWithoutTheJobsSecretIsRefused) {
+  auto server = serve();
+  server->set("key", "secret value");
+  const std::string message =
+      error_message<CommError>([&] { TcpStore::create("127.0.0.1", server->port(), false, 2s, std::string(32, 'x')); });
+  EXPECT_TRUE(contains(message, "refused this rank")) << message;
+  EXPECT_TRUE(contains(message, "LOCKSTEP_JOB_SECRET")) << message;
+
+  const int forger = connect_raw(server->port());
+  std::string challenge(tcp::kLengthBytes + 1 + 4 + tcp::kNonceBytes, '\0');
+  ASSERT_EQ(::recv(forger, challenge.data(), challenge.size(), MSG_WAITALL), static_cast<ssize_t>(challenge.size()));
+  const std::string answer = tcp::FrameWriter().str(std::string(32, 'n')).str(std::string(32, 'p')).finish();
+  ::send(forger, answer.data(), answer.size(), MSG_NOSIGNAL);
+  const std::string get = tcp::FrameWriter().u8(uint8_t(tcp::Op::get)).str("key").i64(0).finish();
+  ::send(forger, get.data(), get.size(), MSG_NOSIGNAL);
+  EXPECT_EQ(read_to_end(forger), "");
+  ::close(forger);
+  EXPECT_EQ(connect_to(*server)->get("key", 1s), "secret value");
+}
+
+// A server that does not hold the secret (another program on MASTER_PORT, or one posing as
+// rank 0's) is not trusted: the client stops before sending any key.
+TEST(TcpStore, AServerWithoutTheJobsSecretIsNotTrusted) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t length = sizeof address;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  std::thread impostor([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    const std::string challenge = tcp::FrameWriter().u8(tcp::kHandshakeVersion).str(std::string(32, 'c')).finish();
+    ::send(fd, challenge.data(), challenge.size(), MSG_NOSIGNAL);
+    std::string answer(tcp::kLengthBytes + 4 + 32 + 4 + 32, '\0');
+    ::recv(fd, answer.data(), answer.size(), MSG_WAITALL);
+    const std::string proof = tcp::FrameWriter().str(std::string(32, 'f')).finish();
+    ::send(fd, proof.data(), proof.size(), MSG_NOSIGNAL);
+    read_to_end(fd);
+    ::close(fd);
+  });
+  const std::string message =
+      error_message<CommError>([&] { TcpStore::create("127.0.0.1", ntohs(address.sin_port), false, 2s, kTestSecret); });
+  impostor.join();
+  ::close(listener);
+  EXPECT_TRUE(contains(message, "did not prove it holds the job's secret")) << message;
 }
 
 TEST(TcpStore, TwoProcesses) {
@@ -473,7 +549,7 @@ TEST(TcpStore, TwoProcesses) {
     // store (its server thread does not exist here) is touched or destroyed.
     int code = 1;
     try {
-      auto client = TcpStore::create("127.0.0.1", port, false, 10s);
+      auto client = TcpStore::create("127.0.0.1", port, false, 10s, kTestSecret);
       const auto values = store_all_gather(*client, "procs", 1, 2, "child-" + std::to_string(::getpid()), 10s, "t");
       client->add("done", 1);
       code = values[0] == "parent" ? 0 : 2;
@@ -492,14 +568,14 @@ TEST(TcpStore, TwoProcesses) {
 }
 
 TEST(TcpStore, RejectsBadPorts) {
-  EXPECT_THROW(TcpStore::create("127.0.0.1", 0, false, 100ms), Error);
-  EXPECT_THROW(TcpStore::create("127.0.0.1", 65536, true, 100ms), Error);
-  EXPECT_THROW(TcpStore::create("127.0.0.1", -1, true, 100ms), Error);
+  EXPECT_THROW(TcpStore::create("127.0.0.1", 0, false, 100ms, kTestSecret), Error);
+  EXPECT_THROW(TcpStore::create("127.0.0.1", 65536, true, 100ms, kTestSecret), Error);
+  EXPECT_THROW(TcpStore::create("127.0.0.1", -1, true, 100ms, kTestSecret), Error);
 }
 
 TEST(TcpStore, UnknownHostIsNamed) {
   const std::string message =
-      error_message<CommError>([&] { TcpStore::create("no-such-host.invalid", 29500, false, 200ms); });
+      error_message<CommError>([&] { TcpStore::create("no-such-host.invalid", 29500, false, 200ms, kTestSecret); });
   EXPECT_TRUE(contains(message, "no-such-host.invalid")) << message;
   EXPECT_TRUE(contains(message, "MASTER_ADDR")) << message;
 }

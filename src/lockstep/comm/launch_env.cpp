@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/comm/file_store.h"
+#include "lockstep/comm/job_secret.h"
 #include "lockstep/comm/tcp_store.h"
 #include "lockstep/core/error.h"
 
@@ -183,7 +184,7 @@ std::shared_ptr<Store> rendezvous_store(const LaunchInfo& info, std::chrono::mil
   if (!info.master_addr.empty()) {
     LOCKSTEP_CHECK(info.master_port >= 1 && info.master_port <= 65535)
         << "MASTER_ADDR=" << info.master_addr << " needs a MASTER_PORT in 1..65535, got " << info.master_port;
-    return TcpStore::create(info.master_addr, info.master_port, info.rank == 0, timeout);
+    return TcpStore::create(info.master_addr, info.master_port, info.rank == 0, timeout, job_secret(info));
   }
   LOCKSTEP_CHECK(info.local_world_size == info.world_size)
       << "the " << info.world_size << " ranks of this job run on several hosts (" << info.local_world_size

@@ -11,6 +11,16 @@
 //   check key                        1 byte: 0 or 1
 //
 // Any request may be answered Status::error with a message (e.g. add on a non-integer).
+//
+// Before any request, both sides prove they hold the job's secret (job_secret.h), so no
+// other process can read, write or wait on the job's keys, and no other server can pose as
+// rank 0's:
+//
+//   server -> client   version (1 byte), server nonce (32 random bytes)
+//   client -> server   client nonce, HMAC-SHA256(secret, "client" + server nonce)
+//   server -> client   HMAC-SHA256(secret, "server" + client nonce)
+//
+// A wrong proof, or none within kHandshakeSeconds, and the server closes the connection.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +36,14 @@ enum class Status : uint8_t { ok = 0, timeout = 1, error = 2 };
 // stray client (a port scanner, an HTTP probe) must not make the server allocate gigabytes.
 constexpr uint32_t kMaxFrame = 64u << 20;
 constexpr size_t kLengthBytes = 4;
+
+constexpr uint8_t kHandshakeVersion = 1;
+constexpr size_t kNonceBytes = 32;
+constexpr int kHandshakeSeconds = 10;
+// The most a client that has not proved itself may send: one handshake frame.
+constexpr size_t kMaxHandshakeBytes = 256;
+inline constexpr const char* kClientProof = "client";
+inline constexpr const char* kServerProof = "server";
 
 uint32_t decode_u32(const char* bytes);
 

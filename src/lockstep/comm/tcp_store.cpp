@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "lockstep/comm/communicator.h"
+#include "lockstep/comm/job_secret.h"
 #include "lockstep/comm/tcp_protocol.h"
 #include "lockstep/comm/tcp_store_server.h"
 
@@ -115,24 +117,73 @@ int connect_with_retries(const std::string& host, int port, milliseconds timeout
   }
 }
 
+bool is_loopback_host(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
+
 }  // namespace
 
 std::shared_ptr<TcpStore> TcpStore::create(const std::string& host, int port, bool is_server,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout, const std::string& secret) {
   LOCKSTEP_CHECK(port >= (is_server ? 0 : 1) && port <= 65535)
       << "rendezvous store port must be " << (is_server ? 0 : 1) << "..65535, got " << port
       << "; set MASTER_PORT to a free TCP port";
   LOCKSTEP_CHECK(!host.empty()) << "the rendezvous store needs a host: set MASTER_ADDR to rank 0's host";
   std::unique_ptr<tcp::StoreServer> server;
   if (is_server) {
-    server = std::make_unique<tcp::StoreServer>(port);
+    server = std::make_unique<tcp::StoreServer>(port, secret, is_loopback_host(host));
     port = server->port();
   }
   std::shared_ptr<TcpStore> store(new TcpStore(host, port, timeout));
   store->server_ = std::move(server);
   // The server listens on every interface; its own process reaches it over loopback.
   store->fd_ = connect_with_retries(is_server ? "127.0.0.1" : host, port, timeout, store->address());
+  store->prove(secret);
   return store;
+}
+
+void TcpStore::prove(const std::string& secret) {
+  const std::string refused = "the rendezvous store at " + address() +
+                              " refused this rank: the ranks do not share the job's secret; start them with one "
+                              "`lockstep run`, or give every rank the same " +
+                              kJobSecretVariable;
+  std::string challenge;
+  {
+    std::lock_guard lock(mutex_);
+    try {
+      challenge = receive_frame(timeout_ + kReplySlack);
+    } catch (const CommError&) {
+      broken_.clear();
+      fail(refused);
+    }
+  }
+  tcp::FrameReader reader(challenge);
+  const uint8_t version = reader.u8();
+  const std::string server_nonce = reader.str();
+  if (!reader.ok() || version != tcp::kHandshakeVersion || server_nonce.size() != tcp::kNonceBytes) {
+    std::lock_guard lock(mutex_);
+    fail("the server at " + address() +
+         " does not speak the rendezvous store's protocol; is MASTER_PORT the port of another service?");
+  }
+  const std::string client_nonce = random_bytes(tcp::kNonceBytes);
+  std::string answer;
+  try {
+    answer = round_trip(
+        tcp::FrameWriter().str(client_nonce).str(hmac_sha256(secret, tcp::kClientProof + server_nonce)).finish(),
+        timeout_ + kReplySlack);
+  } catch (const CommError&) {
+    std::lock_guard lock(mutex_);
+    broken_.clear();
+    fail(refused);
+  }
+  tcp::FrameReader proof(answer);
+  const std::string theirs = proof.str();
+  const std::string expected = hmac_sha256(secret, tcp::kServerProof + client_nonce);
+  if (!proof.ok() || theirs.size() != expected.size() ||
+      CRYPTO_memcmp(theirs.data(), expected.data(), expected.size()) != 0) {
+    std::lock_guard lock(mutex_);
+    fail("the server at " + address() +
+         " did not prove it holds the job's secret: another program may be listening on MASTER_PORT; choose "
+         "another port");
+  }
 }
 
 TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout)
@@ -161,7 +212,13 @@ std::string TcpStore::round_trip(const std::string& request, std::chrono::millis
     if (n <= 0) fail(gone + " (" + strerror(errno) + ")");
     sent += static_cast<size_t>(n);
   }
-  const Clock::time_point deadline = Clock::now() + reply_within;
+  return receive_frame(reply_within);
+}
+
+std::string TcpStore::receive_frame(std::chrono::milliseconds within) {
+  const std::string gone = "lost the rendezvous store at " + address() +
+                           ": its server (rank 0) has exited or failed; see rank 0's output for why";
+  const Clock::time_point deadline = Clock::now() + within;
   auto receive = [&](std::string& into, size_t count) {
     into.resize(count);
     for (size_t got = 0; got < count;) {
@@ -170,7 +227,7 @@ std::string TcpStore::round_trip(const std::string& request, std::chrono::millis
       if (ready < 0 && errno == EINTR) continue;
       if (ready == 0) {
         fail("the rendezvous store at " + address() + " did not answer within " +
-             detail::seconds_text(std::chrono::duration_cast<milliseconds>(reply_within)) +
+             detail::seconds_text(std::chrono::duration_cast<milliseconds>(within)) +
              " s; is rank 0 stopped or its host unreachable?");
       }
       const ssize_t n = ::recv(fd_, into.data() + got, count - got, 0);

@@ -21,9 +21,11 @@ class TcpStore : public Store {
  public:
   // is_server: serve at port (0: any free port, see port()) and connect to it. Otherwise
   // connect to host:port, retrying until timeout while the server starts; then throw
-  // CommError naming host:port.
+  // CommError naming host:port. Server and client prove to each other that they hold the
+  // job's `secret` (job_secret.h) before any key moves; a server for a host of loopback
+  // addresses (127.0.0.1, localhost) listens on loopback only.
   static std::shared_ptr<TcpStore> create(const std::string& host, int port, bool is_server,
-                                          std::chrono::milliseconds timeout);
+                                          std::chrono::milliseconds timeout, const std::string& secret);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
@@ -44,6 +46,10 @@ class TcpStore : public Store {
   // Sends one request frame and returns the reply's body. reply_within bounds the wait for
   // a server that stopped answering without closing the connection.
   std::string round_trip(const std::string& request, std::chrono::milliseconds reply_within);
+  // Reads one frame's body (caller holds mutex_).
+  std::string receive_frame(std::chrono::milliseconds within);
+  // The handshake of tcp_protocol.h, client side.
+  void prove(const std::string& secret);
   [[noreturn]] void fail(const std::string& message);
 
   std::unique_ptr<tcp::StoreServer> server_;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -14,12 +15,14 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
+#include "lockstep/comm/job_secret.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/tcp_protocol.h"
 
@@ -29,12 +32,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The most connections served at once: the job's ranks, with room to spare; a flood of
+// strangers beyond it is turned away at accept instead of exhausting rank 0's descriptors.
+constexpr size_t kMaxConnections = 1024;
+// Replies queued for one client that does not read them: past this, its requests wait.
+constexpr size_t kMaxPendingReplies = 64u << 20;
+
 struct Connection {
   int fd = -1;
   std::string in;
   std::string out;
   bool waiting = false;  // a get is parked: this client's later requests wait their turn
   bool closed = false;
+  bool proved = false;  // it showed it holds the job's secret
+  std::string nonce;    // the server's challenge to it
+  Clock::time_point prove_by;
+  // Whether to read more of its requests now: a stranger gets one handshake's worth, a
+  // client with replies piling up gets none until it reads them.
+  bool wants_input() const {
+    if (!proved) return in.size() < kMaxHandshakeBytes;
+    return out.size() < kMaxPendingReplies && in.size() < kLengthBytes + kMaxFrame;
+  }
 };
 
 struct Waiter {
@@ -46,7 +64,8 @@ struct Waiter {
 // All of the server's state; lives on the server thread only, so it needs no locks.
 class ServerLoop {
  public:
-  ServerLoop(int listen_fd, int wake_fd) : listen_fd_(listen_fd), wake_fd_(wake_fd) {}
+  ServerLoop(int listen_fd, int wake_fd, std::string secret)
+      : listen_fd_(listen_fd), wake_fd_(wake_fd), secret_(std::move(secret)) {}
   ~ServerLoop() {
     for (auto& [id, connection] : connections_) ::close(connection.fd);
   }
@@ -56,6 +75,7 @@ class ServerLoop {
   void accept_all();
   void read_from(Connection& connection);
   bool process(uint64_t id, Connection& connection);
+  void prove(Connection& connection, std::string_view body);
   void handle(uint64_t id, Connection& connection, std::string_view body);
   void answer_waiters(const std::string& key);
   void expire_waiters();
@@ -64,6 +84,7 @@ class ServerLoop {
 
   int listen_fd_;
   int wake_fd_;
+  std::string secret_;
   uint64_t next_id_ = 0;
   std::map<uint64_t, Connection> connections_;
   std::unordered_map<std::string, std::string> values_;
@@ -79,7 +100,7 @@ void ServerLoop::run() {
     fds.assign({{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}});
     ids.clear();
     for (auto& [id, connection] : connections_) {
-      const short events = POLLIN | (connection.out.empty() ? 0 : POLLOUT);
+      const short events = (connection.wants_input() ? POLLIN : 0) | (connection.out.empty() ? 0 : POLLOUT);
       fds.push_back({connection.fd, events, 0});
       ids.push_back(id);
     }
@@ -96,6 +117,9 @@ void ServerLoop::run() {
       if ((revents & POLLOUT) && !connection.closed) flush(connection);
     }
     expire_waiters();
+    for (auto& [id, connection] : connections_) {
+      if (!connection.proved && Clock::now() >= connection.prove_by) connection.closed = true;  // too slow to prove
+    }
     // A set can release a parked client whose next request is already buffered: keep going
     // until no client has a request it can be answered for.
     for (bool progress = true; progress;) {
@@ -118,10 +142,14 @@ void ServerLoop::run() {
 }
 
 int ServerLoop::poll_timeout_ms() const {
-  if (waiters_.empty()) return -1;
-  Clock::time_point first = waiters_.front().deadline;
-  for (const Waiter& waiter : waiters_) first = std::min(first, waiter.deadline);
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(first - Clock::now()).count();
+  std::optional<Clock::time_point> first;
+  const auto earliest = [&](Clock::time_point t) { first = first ? std::min(*first, t) : t; };
+  for (const Waiter& waiter : waiters_) earliest(waiter.deadline);
+  for (const auto& [id, connection] : connections_) {
+    if (!connection.proved) earliest(connection.prove_by);
+  }
+  if (!first) return -1;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(*first - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
 }
 
@@ -129,15 +157,23 @@ void ServerLoop::accept_all() {
   for (;;) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN: none left; anything else: the client went away already
+    if (connections_.size() >= kMaxConnections) {
+      ::close(fd);
+      continue;
+    }
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    connections_[next_id_++].fd = fd;
+    Connection& connection = connections_[next_id_++];
+    connection.fd = fd;
+    connection.nonce = random_bytes(kNonceBytes);
+    connection.prove_by = Clock::now() + std::chrono::seconds(kHandshakeSeconds);
+    connection.out = FrameWriter().u8(kHandshakeVersion).str(connection.nonce).finish();
   }
 }
 
 void ServerLoop::read_from(Connection& connection) {
   char buffer[65536];
-  for (;;) {
+  while (connection.wants_input()) {
     const ssize_t n = ::recv(connection.fd, buffer, sizeof buffer, 0);
     if (n > 0) {
       connection.in.append(buffer, static_cast<size_t>(n));
@@ -156,19 +192,40 @@ void ServerLoop::read_from(Connection& connection) {
 // Answers the complete requests at the head of the buffer; true if it answered any.
 bool ServerLoop::process(uint64_t id, Connection& connection) {
   bool progress = false;
-  while (!connection.closed && !connection.waiting && connection.in.size() >= kLengthBytes) {
+  while (!connection.closed && !connection.waiting && connection.out.size() < kMaxPendingReplies &&
+         connection.in.size() >= kLengthBytes) {
     const uint32_t length = decode_u32(connection.in.data());
-    if (length > kMaxFrame) {
+    if (length > (connection.proved ? kMaxFrame : kMaxHandshakeBytes)) {
       connection.closed = true;  // not one of our clients
       break;
     }
     if (connection.in.size() < kLengthBytes + length) break;
     const std::string body = connection.in.substr(kLengthBytes, length);
     connection.in.erase(0, kLengthBytes + length);
-    handle(id, connection, body);
+    if (connection.proved) {
+      handle(id, connection, body);
+    } else {
+      prove(connection, body);
+    }
     progress = true;
   }
   return progress;
+}
+
+// The client's answer to the challenge: right, and the server proves itself in turn;
+// wrong, and the connection closes before any key is read or written.
+void ServerLoop::prove(Connection& connection, std::string_view body) {
+  FrameReader answer(body);
+  const std::string client_nonce = answer.str();
+  const std::string proof = answer.str();
+  const std::string expected = hmac_sha256(secret_, kClientProof + connection.nonce);
+  if (!answer.ok() || client_nonce.size() != kNonceBytes || proof.size() != expected.size() ||
+      CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) != 0) {
+    connection.closed = true;
+    return;
+  }
+  connection.proved = true;
+  connection.out += FrameWriter().str(hmac_sha256(secret_, kServerProof + client_nonce)).finish();
 }
 
 void ServerLoop::handle(uint64_t id, Connection& connection, std::string_view body) {
@@ -262,18 +319,19 @@ void ServerLoop::flush(Connection& connection) {
 
 }  // namespace
 
-StoreServer::StoreServer(int port) {
+StoreServer::StoreServer(int port, std::string secret, bool loopback_only) {
   LOCKSTEP_CHECK(port >= 0 && port <= 65535) << "rendezvous store port must be 0..65535, got " << port;
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) throw CommError(std::string("cannot create the rendezvous store's socket: ") + strerror(errno));
   // A server restarted right after an earlier job must not wait out TIME_WAIT.
   const int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  // Every interface, not the address MASTER_ADDR names: on Debian the host's own name
-  // resolves to 127.0.1.1, which the other hosts cannot reach.
+  // Loopback for a job of one host (MASTER_ADDR 127.0.0.1, as lockstep run sets); else every
+  // interface, not the address MASTER_ADDR names: on Debian the host's own name resolves to
+  // 127.0.1.1, which the other hosts cannot reach. The handshake keeps strangers out.
   sockaddr_in address{};
   address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
   address.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
       ::listen(listen_fd_, SOMAXCONN) != 0) {
@@ -298,7 +356,9 @@ StoreServer::StoreServer(int port) {
     ::close(listen_fd_);
     throw CommError(std::string("cannot create the rendezvous store's eventfd: ") + strerror(error));
   }
-  thread_ = std::thread([listen_fd = listen_fd_, wake_fd = wake_fd_] { ServerLoop(listen_fd, wake_fd).run(); });
+  thread_ = std::thread([listen_fd = listen_fd_, wake_fd = wake_fd_, secret = std::move(secret)] {
+    ServerLoop(listen_fd, wake_fd, secret).run();
+  });
 }
 
 StoreServer::~StoreServer() {

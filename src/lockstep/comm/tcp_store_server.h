@@ -4,15 +4,17 @@
 // answered when the key is set or its deadline passes, so it never holds up other clients.
 #pragma once
 
+#include <string>
 #include <thread>
 
 namespace lockstep::comm::tcp {
 
 class StoreServer {
  public:
-  // Listens on every IPv4 interface at port (0: the kernel picks a free one) and starts the
-  // thread. Throws CommError when the port is taken, suggesting another MASTER_PORT.
-  explicit StoreServer(int port);
+  // Listens at port (0: the kernel picks a free one) — on loopback only, or on every IPv4
+  // interface — and starts the thread; serves only clients that prove they hold `secret`
+  // (tcp_protocol.h). Throws CommError when the port is taken, suggesting another MASTER_PORT.
+  StoreServer(int port, std::string secret, bool loopback_only);
   // Stops the thread and closes every connection: clients still waiting get CommError.
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <map>
 
+#include "lockstep/comm/job_secret.h"
 #include "lockstep/comm/launch_env.h"
 #include "lockstep/core/device.h"
 #include "lockstep/core/error.h"
@@ -222,6 +223,11 @@ int run_main(const std::vector<std::string>& args) {
     std::fprintf(stderr, "lockstep run: rank %zu on %s\n", r, assigned.per_rank[r].c_str());
   }
 
+  // The job's secret (comm/job_secret.h): only its own workers can use its rendezvous. One
+  // given in the environment is kept (the same for every node of a job started by hand).
+  const char* given_secret = std::getenv(comm::kJobSecretVariable);
+  const std::string secret =
+      given_secret != nullptr && *given_secret != '\0' ? std::string(given_secret) : comm::make_job_secret();
   for (int64_t attempt = 0;; ++attempt) {
     const int port = master_port > 0 ? static_cast<int>(master_port) : free_port();
     std::vector<WorkerSpec> specs;
@@ -235,6 +241,7 @@ int run_main(const std::vector<std::string>& args) {
       info.master_port = port;
       spec.env = torchrun_variables(info);
       spec.env["OMP_NUM_THREADS"] = threads;
+      spec.env[comm::kJobSecretVariable] = secret;
       if (!assigned.cuda_visible_devices.empty()) spec.env["CUDA_VISIBLE_DEVICES"] = assigned.cuda_visible_devices;
       spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
       // A restart keeps the logs of the attempt that failed.
