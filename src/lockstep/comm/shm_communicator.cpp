@@ -62,8 +62,14 @@ std::shared_ptr<ShmCommunicator> ShmCommunicator::create(std::shared_ptr<Store> 
                                          << hosts[0] << " and rank " << r << " on " << hosts[r]
                                          << "; use the mpi backend across hosts";
   }
-  if (rank == 0) store->set(prefix + "/names", new_name_base());
-  const std::string base = store->get(prefix + "/names", timeout);
+  // Rank 0 keeps the names it made; only the others read them from the store.
+  std::string base;
+  if (rank == 0) {
+    base = new_name_base();
+    store->set(prefix + "/names", base);
+  } else {
+    base = store->get(prefix + "/names", timeout);
+  }
   const size_t staging = shm_staging_bytes(env_value("LOCKSTEP_SHM_STAGING_BYTES"));
   const GroupLayout layout(size);
   const std::string control_name = base + "-control";

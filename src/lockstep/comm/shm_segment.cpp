@@ -54,7 +54,13 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   LOCKSTEP_CHECK(fd >= 0) << "cannot open shared memory " << name << " of another rank: " << std::strerror(errno)
                           << "; all ranks of an shm group must run on one host, as one user";
   struct stat info {};
-  LOCKSTEP_CHECK(fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) == bytes)
+  const bool stated = fstat(fd, &info) == 0;
+  if (!stated || info.st_uid != geteuid() || static_cast<size_t>(info.st_size) != bytes) close(fd);
+  LOCKSTEP_CHECK(stated) << "cannot inspect shared memory " << name << ": " << std::strerror(errno);
+  // A segment of another user is not the job's, whoever named it.
+  LOCKSTEP_CHECK(info.st_uid == geteuid()) << "shared memory " << name << " belongs to user " << info.st_uid
+                                           << ", not to this job's user " << geteuid() << ": refusing to map it";
+  LOCKSTEP_CHECK(static_cast<size_t>(info.st_size) == bytes)
       << "shared memory " << name << " has " << info.st_size << " bytes, expected " << bytes;
   return ShmSegment(map(fd, name, bytes), bytes);
 }
