@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -194,6 +195,11 @@ MetricsServer::~MetricsServer() {
     (void)!write(stop_pipe_[1], &stop, 1);
     thread_.join();
   }
+  {
+    // Every client's thread ends within its deadline.
+    std::unique_lock<std::mutex> lock(clients_mutex_);
+    clients_done_.wait(lock, [this] { return clients_ == 0; });
+  }
   for (int fd : {listen_fd_, stop_pipe_[0], stop_pipe_[1]})
     if (fd >= 0) close(fd);
 }
@@ -202,6 +208,13 @@ void MetricsServer::set_metrics(std::string text) {
   std::lock_guard<std::mutex> lock(mutex_);
   metrics_ = std::move(text);
 }
+
+namespace {
+
+constexpr int kMaxClients = 16;
+constexpr std::chrono::seconds kClientDeadline{2};
+
+}  // namespace
 
 void MetricsServer::serve() {
   for (;;) {
@@ -213,19 +226,38 @@ void MetricsServer::serve() {
     if (fds[1].revents != 0) return;
     const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) continue;
-    answer(client);
-    close(client);
+    {
+      std::lock_guard<std::mutex> lock(clients_mutex_);
+      if (clients_ >= kMaxClients) {
+        close(client);  // busy: a scraper retries at its next interval
+        continue;
+      }
+      ++clients_;
+    }
+    std::thread([this, client] {
+      answer(client);
+      close(client);
+      std::lock_guard<std::mutex> lock(clients_mutex_);
+      --clients_;
+      clients_done_.notify_all();
+    }).detach();
   }
 }
 
 void MetricsServer::answer(int client) {
-  // The request line and headers, up to a blank line; a client that sends nothing for two
-  // seconds (or too much) is dropped so it cannot hold the one serving thread.
+  // The request line and headers, up to a blank line, within a deadline for the whole
+  // request (a client trickling a byte at a time is dropped too), and the answer sent
+  // within one as well.
+  const auto deadline = std::chrono::steady_clock::now() + kClientDeadline;
+  const timeval send_within{.tv_sec = std::chrono::duration_cast<std::chrono::seconds>(kClientDeadline).count(),
+                            .tv_usec = 0};
+  setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &send_within, sizeof(send_within));
   std::string request;
   char buffer[2048];
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd fd = {client, POLLIN, 0};
-    if (poll(&fd, 1, 2000) <= 0) return;
+    if (left.count() <= 0 || poll(&fd, 1, static_cast<int>(left.count())) <= 0) return;
     const ssize_t n = recv(client, buffer, sizeof(buffer), 0);
     if (n <= 0) return;
     request.append(buffer, static_cast<size_t>(n));

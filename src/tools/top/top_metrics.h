@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -47,6 +48,11 @@ class MetricsServer {
   std::mutex mutex_;
   std::string metrics_;
   std::thread thread_;
+  // Each client is answered on a thread of its own, so a slow one stalls no other; at most
+  // kMaxClients at once, each within a deadline. The destructor waits for them.
+  std::mutex clients_mutex_;
+  std::condition_variable clients_done_;
+  int clients_ = 0;
 };
 
 }  // namespace lockstep::tools

@@ -8,6 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "lockstep/core/error.h"
 #include "tools/top/top_testing.h"
 
@@ -99,6 +103,34 @@ TEST(TopMetricsServer, ServesTheLatestMetricsAndNothingElse) {
   const std::string missing = http_get(server.port(), "/");
   EXPECT_EQ(missing.rfind("HTTP/1.1 404 Not Found\r\n", 0), 0u) << missing;
   EXPECT_EQ(http_get(server.port(), "/metrics?x=1").rfind("HTTP/1.1 200", 0), 0u);
+}
+
+// A client that trickles its request a byte every 300 ms (each read in time, the request
+// never whole) holds no other scrape: the page is served while it is still trickling.
+TEST(TopMetricsServer, ASlowClientStallsNoOtherScrape) {
+  MetricsServer server(parse_listen_address("127.0.0.1:0"));
+  server.set_metrics("up 1\n");
+  const int slow = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(slow, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  std::atomic<bool> trickling{true};
+  std::thread trickler([&] {
+    for (int i = 0; i < 10; ++i) {
+      (void)!send(slow, "G", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    trickling = false;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the slow one is being served
+  const std::string answer = http_get(server.port(), "/metrics");
+  const bool during = trickling;
+  trickler.join();
+  close(slow);
+  EXPECT_EQ(answer.substr(answer.find("\r\n\r\n") + 4), "up 1\n") << answer;
+  EXPECT_TRUE(during) << "the scrape waited for the trickling client";
 }
 
 TEST(TopMetricsServer, APortInUseIsAnErrorNamingIt) {
