@@ -25,7 +25,9 @@ std::string index_list(const std::vector<unsigned>& indices) {
 // Why `device` cannot be used now ("" when it can).
 std::string why_busy(const GpuDevice& device, const GpuRequest& request, bool auto_pick) {
   std::ostringstream why;
-  if (device.memory_free < request.min_free_bytes) {
+  if (const auto lease = request.leased.find(device.index); lease != request.leased.end()) {
+    why << "GPU " << device.index << " is leased by " << lease->second;
+  } else if (device.memory_free < request.min_free_bytes) {
     why << "GPU " << device.index << " has " << gib(device.memory_free) << " free, under the "
         << gib(request.min_free_bytes) << " asked";
   } else if (auto_pick && held_by_others(device, request.uid)) {

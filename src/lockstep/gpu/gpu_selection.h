@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@ struct GpuRequest {
   uint32_t uid = 0;  // ours: our own processes do not make a GPU busy
   // NVML indices the launcher may use (its CUDA_VISIBLE_DEVICES resolved); empty optional: all.
   std::optional<std::vector<unsigned>> allowed;
+  // GPUs another job leases (gpu_leases.h), by NVML index, with what holds them: busy.
+  std::map<unsigned, std::string> leased = {};
 };
 
 struct GpuSelection {

@@ -200,6 +200,13 @@ int run_main(const std::vector<std::string>& args) {
   ask.workers = static_cast<int>(workers);
   ask.min_free_bytes = parse_byte_size(min_free_memory, "--min-free-memory");
   ask.wait_seconds = wait_seconds;
+  {
+    std::string line = "lockstep run -n " + std::to_string(workers) + " --";
+    for (const std::string& word : command) line += " " + word;
+    const char* user = std::getenv("USER");
+    ask.holder = "pid " + std::to_string(getpid()) + " (user " + (user ? user : std::to_string(getuid())) +
+                 "): " + line.substr(0, 200);
+  }
 
   if (log_dir.empty()) log_dir = fresh_run_dir("launch-");
   std::error_code log_dir_error;

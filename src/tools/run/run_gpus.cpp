@@ -62,11 +62,32 @@ GpuAssignment assign_gpus(const GpuAsk& ask, const volatile bool& interrupted) {
   if (std::getenv("CUDA_VISIBLE_DEVICES") != nullptr)
     request.allowed = gpu::cuda_devices_from_environment(state).visible;
 
+  const auto leases = std::make_shared<gpu::GpuLeases>();
+  const auto uuids_of = [&](const std::vector<unsigned>& indices) {
+    std::vector<std::string> uuids;
+    for (unsigned index : indices) uuids.push_back(state.devices[index].uuid);
+    return uuids;
+  };
   const Clock::time_point start = Clock::now();
   std::string last_reason;
   for (;;) {
+    // GPUs other jobs lease are busy, whatever NVML shows (a job may not have touched its
+    // GPU yet).
+    std::vector<unsigned> all;
+    for (const gpu::GpuDevice& d : state.devices) all.push_back(d.index);
+    request.leased.clear();
+    for (const auto& [uuid, holder] : leases->held_elsewhere(uuids_of(all))) {
+      for (const gpu::GpuDevice& d : state.devices)
+        if (d.uuid == uuid) request.leased[d.index] = holder;
+    }
     const gpu::GpuSelection selection = gpu::select_gpus(state, request);
-    if (!selection.chosen.empty()) return assignment(state, selection.chosen);
+    if (!selection.chosen.empty()) {
+      // A launch started at the same moment may have leased one of them since: then choose again.
+      if (!leases->take_all(uuids_of(selection.chosen), ask.holder)) continue;
+      GpuAssignment assigned = assignment(state, selection.chosen);
+      assigned.leases = leases;
+      return assigned;
+    }
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (ask.wait_seconds >= 0 && waited >= ask.wait_seconds) {
       LOCKSTEP_FAIL() << "the GPUs asked for are not free"

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "lockstep/gpu/gpu_leases.h"
 
 namespace lockstep::tools {
 
@@ -15,6 +18,8 @@ struct GpuAssignment {
   std::string cuda_visible_devices;
   std::vector<std::string> per_rank;  // "GPU 2 (NVIDIA A100-SXM4-80GB, 79.1 GiB free)"
   std::string notice;                 // what to tell the user when no GPU is assigned
+  // The leases on the assigned GPUs: held while this lives (the job's life).
+  std::shared_ptr<gpu::GpuLeases> leases;
 };
 
 struct GpuAsk {
@@ -23,10 +28,11 @@ struct GpuAsk {
   uint64_t min_free_bytes = 0;
   double wait_seconds = -1;  // give up after this long; < 0: wait until free
   double poll_seconds = 2;   // between readings while waiting
+  std::string holder;        // what the leases record: "pid 12, user ana: lockstep run -n 2 -- ..."
 };
 
-// Reads NVML until the GPUs asked for are free (or the wait runs out, or `interrupted`
-// becomes true: both are Errors). UsageError for what no wait can fix.
+// Reads NVML until the GPUs asked for are free and leased to this job (or the wait runs out,
+// or `interrupted` becomes true: both are Errors). UsageError for what no wait can fix.
 GpuAssignment assign_gpus(const GpuAsk& ask, const volatile bool& interrupted);
 
 }  // namespace lockstep::tools

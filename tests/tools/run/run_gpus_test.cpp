@@ -7,9 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "gpu/standin_env.h"
+#include "lockstep/gpu/gpu_leases.h"
 #include "tools/common/command_testing.h"
 
 namespace lockstep {
@@ -28,11 +31,17 @@ class RunGpus : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  // `lockstep run ARGUMENTS -- sh -c 'echo visible=$CUDA_VISIBLE_DEVICES'` on `profile`.
+  // `lockstep run ARGUMENTS -- sh -c 'echo visible=$CUDA_VISIBLE_DEVICES'` on `profile`,
+  // with this test's own lease directory.
+  std::string launch_line(const std::string& profile, const std::string& arguments, const std::string& env = "",
+                          const std::string& then = "") const {
+    return "env LOCKSTEP_NVML_LIBRARY=" + std::string(LOCKSTEP_NVML_STANDIN) +
+           " LOCKSTEP_NVML_PROFILE=" + testing::standin_profile_path(profile) +
+           " LOCKSTEP_GPU_LEASE_DIR=" + (root_ / "leases").string() + " " + env + " " + kBinary + " run " + arguments +
+           " -- sh -c 'echo visible=$CUDA_VISIBLE_DEVICES" + then + "'";
+  }
   Result launch(const std::string& profile, const std::string& arguments, const std::string& env = "") {
-    return run_shell("env LOCKSTEP_NVML_LIBRARY=" + std::string(LOCKSTEP_NVML_STANDIN) + " LOCKSTEP_NVML_PROFILE=" +
-                     testing::standin_profile_path(profile) + " " + env + " " + kBinary + " run --log-dir " +
-                     (root_ / "logs").string() + " " + arguments + " -- sh -c 'echo visible=$CUDA_VISIBLE_DEVICES'");
+    return run_shell(launch_line(profile, "--log-dir " + (root_ / "logs").string() + " " + arguments, env));
   }
   // The UUID of NVML GPU `index` in a profile, read from the file itself.
   static std::string uuid(const std::string& profile, int index) {
@@ -104,6 +113,44 @@ TEST_F(RunGpus, StaysWithinTheLaunchersVisibleDevices) {
   // Without --gpus the launcher's own choice is left alone, as torchrun leaves it.
   const Result kept = launch("shared-server.json", "-n 2", "CUDA_VISIBLE_DEVICES=2");
   EXPECT_NE(kept.output.find("[rank 1] visible=2"), std::string::npos) << kept.output;
+}
+
+// Two launches started together on a 4-GPU host get disjoint GPUs: each leases what it
+// picks, and the later one picks again around the other's leases.
+TEST_F(RunGpus, TwoLaunchesAtOnceGetDisjointGpus) {
+  const std::string first = (root_ / "first.out").string(), second = (root_ / "second.out").string();
+  const auto job = [&](const std::string& name) {
+    return launch_line("t4-4x-pcie.json", "-n 2 --gpus auto --log-dir " + (root_ / name).string(), "", "; sleep 1");
+  };
+  const Result both =
+      run_shell("(" + job("a") + " > " + first + " 2>&1 &); " + job("b") + " > " + second + " 2>&1; wait; sleep 1.5");
+  std::set<std::string> gpus;
+  for (const std::string& out : {first, second}) {
+    std::ifstream in(out);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const size_t at = text.find("[rank 0] visible=");
+    ASSERT_NE(at, std::string::npos) << text;
+    std::stringstream list(text.substr(at + 17, text.find('\n', at) - at - 17));
+    for (std::string uuid; std::getline(list, uuid, ',');) gpus.insert(uuid);
+  }
+  EXPECT_EQ(gpus.size(), 4u) << "the two jobs shared a GPU";
+}
+
+// A lease held by a live process makes its GPU busy, naming the holder; one whose holder
+// is gone (the file is left, unlocked) is taken over.
+TEST_F(RunGpus, ALeasedGpuIsBusyAndAnAbandonedLeaseIsTakenOver) {
+  gpu::GpuLeases held((root_ / "leases").string());
+  ASSERT_TRUE(held.take_all({uuid("t4-4x-pcie.json", 0)}, "pid 4242 (user ana): lockstep run -n 1 -- train.py"));
+  const Result all = launch("t4-4x-pcie.json", "-n 4 --gpus auto --wait 0");
+  EXPECT_EQ(all.exit_code, 1) << all.output;
+  EXPECT_NE(all.output.find("GPU 0 is leased by pid 4242 (user ana): lockstep run -n 1 -- train.py"), std::string::npos)
+      << all.output;
+  const Result rest = launch("t4-4x-pcie.json", "-n 3 --gpus auto");
+  ASSERT_EQ(rest.exit_code, 0) << rest.output;
+  EXPECT_EQ(rest.output.find("visible=" + uuid("t4-4x-pcie.json", 0)), std::string::npos) << rest.output;
+  held.release_all();  // as when its holder exits: the file stays, the lock goes
+  const Result taken = launch("t4-4x-pcie.json", "-n 4 --gpus auto --wait 0");
+  EXPECT_EQ(taken.exit_code, 0) << taken.output;
 }
 
 TEST_F(RunGpus, AnUnknownGpuIsAnErrorThatListsTheGpus) {
