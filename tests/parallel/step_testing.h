@@ -31,6 +31,22 @@ inline Data synthetic(int64_t batch, uint64_t step) {
   return {Tensor::from_vector(pixels, {batch, 1, 28, 28}), Tensor::from_vector(labels, {batch})};
 }
 
+// A regression batch of `n` samples from Philox(kSeed, stream): x1 [n, 6], x2 [n, 3] and
+// float targets y [n, 2] that depend on both inputs.
+inline TensorBatch two_input_batch(int64_t n, uint64_t stream) {
+  Philox rng(kSeed, stream);
+  std::vector<float> x1(static_cast<size_t>(n * 6)), x2(static_cast<size_t>(n * 3)), y(static_cast<size_t>(n * 2));
+  for (float& v : x1) v = uint_to_unit_float(rng.next_u32()) - 0.5f;
+  for (float& v : x2) v = uint_to_unit_float(rng.next_u32()) - 0.5f;
+  for (int64_t i = 0; i < n; ++i) {
+    y[static_cast<size_t>(2 * i)] = x1[static_cast<size_t>(6 * i)] - 2 * x2[static_cast<size_t>(3 * i + 1)];
+    y[static_cast<size_t>(2 * i + 1)] = x1[static_cast<size_t>(6 * i + 3)] * x2[static_cast<size_t>(3 * i + 2)];
+  }
+  return {{"x1", Tensor::from_vector(x1, {n, 6})},
+          {"x2", Tensor::from_vector(x2, {n, 3})},
+          {"y", Tensor::from_vector(y, {n, 2})}};
+}
+
 // The batch as the layouts take it, and the loss of its fields.
 inline TensorBatch as_batch(const Data& data) { return {{"input", data.images}, {"target", data.labels}}; }
 inline LossFunction classification() { return classification_loss("input", "target"); }

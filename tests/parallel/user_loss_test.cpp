@@ -37,21 +37,7 @@ class TwoInputRegression : public nn::Module {
   std::shared_ptr<nn::Linear> a, b, head, unused;
 };
 
-// A batch of `n` samples from Philox(kSeed, 2000 + step): x1 [n, 6], x2 [n, 3] and float
-// targets y [n, 2] that depend on both.
-TensorBatch regression_batch(int64_t n, uint64_t step) {
-  Philox rng(kSeed, 2000 + step);
-  std::vector<float> x1(static_cast<size_t>(n * 6)), x2(static_cast<size_t>(n * 3)), y(static_cast<size_t>(n * 2));
-  for (float& v : x1) v = uint_to_unit_float(rng.next_u32()) - 0.5f;
-  for (float& v : x2) v = uint_to_unit_float(rng.next_u32()) - 0.5f;
-  for (int64_t i = 0; i < n; ++i) {
-    y[static_cast<size_t>(2 * i)] = x1[static_cast<size_t>(6 * i)] - 2 * x2[static_cast<size_t>(3 * i + 1)];
-    y[static_cast<size_t>(2 * i + 1)] = x1[static_cast<size_t>(6 * i + 3)] * x2[static_cast<size_t>(3 * i + 2)];
-  }
-  return {{"x1", Tensor::from_vector(x1, {n, 6})},
-          {"x2", Tensor::from_vector(x2, {n, 3})},
-          {"y", Tensor::from_vector(y, {n, 2})}};
-}
+TensorBatch regression_batch(int64_t n, uint64_t step) { return two_input_batch(n, 2000 + step); }
 
 // The user's loss: squared error per element, [n, 2], as mse_loss would give it.
 Tensor regression_loss(nn::Module& model, const TensorBatch& batch, const StepContext&) {
