@@ -326,13 +326,17 @@ TEST(LaunchEnv, RendezvousInAFileStoreOtherwise) {
   info.local_world_size = 2;
   info.launcher = "openmpi";
   info.job_id = "test/" + std::to_string(::getpid()) + " x";
-  const std::string directory =
-      "/tmp/lockstep-rendezvous-test_" + std::to_string(::getpid()) + "_x-" + std::to_string(::getuid());
+  const std::string prefix =
+      "/tmp/lockstep-rendezvous-test_" + std::to_string(::getpid()) + "_x-" + std::to_string(::getuid()) + "-";
+  std::string directory;
   {
     std::shared_ptr<Store> rank0 = rendezvous_store(info, 1s);
     auto* file_store = dynamic_cast<FileStore*>(rank0.get());
     ASSERT_NE(file_store, nullptr);
-    EXPECT_EQ(file_store->directory(), directory);
+    directory = file_store->directory();
+    // The job id and user, then a tag of the job's secret that no other user can compute.
+    EXPECT_EQ(directory.rfind(prefix, 0), 0u) << directory;
+    EXPECT_EQ(directory.size(), prefix.size() + 16) << directory;
     info.rank = 1;
     std::shared_ptr<Store> rank1 = rendezvous_store(info, 1s);
     rank1->set("from", "rank 1");
