@@ -86,6 +86,29 @@ TEST(DistributedDataParallel, ZeroOneGivesTheSameBits) {
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(same_bits(sharded[static_cast<size_t>(r)], one)) << "rank " << r;
 }
 
+// For a checkpoint, ZeRO-1's state is assembled on one rank only: there it is the state
+// every rank would gather, bit for bit; the others send their shards and hold nothing.
+TEST(DistributedDataParallel, ZeroOneAssemblesTheCheckpointsStateOnOneRank) {
+  constexpr int kRanks = 4;
+  std::vector<NamedTensors> gathered(kRanks), on_root(kRanks);
+  const auto errors = run_ranks(kRanks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    auto model = nn::make_model("mlp", kSeed);
+    DistributedDataParallel ddp(model, sgd, comm, {.loss = classification(), .micro_batch = 4, .zero1 = true});
+    for (int s = 0; s < 2; ++s)
+      train_step(ddp, synthetic(16, static_cast<uint64_t>(s)), s * 16, static_cast<uint64_t>(s));
+    gathered[static_cast<size_t>(rank)] = ddp.optimizer_state();
+    on_root[static_cast<size_t>(rank)] = ddp.optimizer_state_on(1);
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  ASSERT_EQ(on_root[1].size(), gathered[1].size());
+  ASSERT_FALSE(gathered[1].empty());
+  for (size_t i = 0; i < gathered[1].size(); ++i) {
+    EXPECT_EQ(on_root[1][i].first, gathered[1][i].first);
+    EXPECT_EQ(on_root[1][i].second.to_vector<float>(), gathered[1][i].second.to_vector<float>()) << on_root[1][i].first;
+  }
+  for (int rank : {0, 2, 3}) EXPECT_TRUE(on_root[static_cast<size_t>(rank)].empty()) << "rank " << rank;
+}
+
 TEST(DistributedDataParallel, BucketsCoverTheParametersInBackwardOrder) {
   run_ranks(1, [](int, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);

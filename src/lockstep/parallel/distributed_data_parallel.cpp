@@ -95,6 +95,11 @@ NamedTensors DistributedDataParallel::optimizer_state() {
   return state;
 }
 
+NamedTensors DistributedDataParallel::optimizer_state_on(int root) {
+  if (sharded_) return sharded_->full_state_dict(root);
+  return comm_->rank() == root ? optimizer_state() : NamedTensors{};  // every rank has it already
+}
+
 void DistributedDataParallel::load_optimizer_state(const NamedTensors& state) {
   if (sharded_) {
     sharded_->load_full_state_dict(state);

@@ -88,6 +88,7 @@ class DistributedDataParallel final : public Layout {
   // zero1 gathered from every rank: collective), and its loading.
   NamedTensors optimizer_state() override;
   void load_optimizer_state(const NamedTensors& state) override;
+  NamedTensors optimizer_state_on(int root) override;
   // Bytes of optimizer state this rank holds (1/size() of the whole under zero1).
   int64_t optimizer_state_bytes() const;
   const std::vector<GradientBucket>& buckets() const { return buckets_; }

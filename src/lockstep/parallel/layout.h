@@ -37,6 +37,9 @@ class Layout {
   // (collective where the state is sharded across processes), and its loading: checkpoints
   // hold it, so they load into any layout on any number of devices.
   virtual NamedTensors optimizer_state() = 0;
+  // The same assembled on process `root` only, the others getting an empty list: what a
+  // checkpoint needs, without a full copy on every rank (collective where it is sharded).
+  virtual NamedTensors optimizer_state_on(int /*root*/) { return optimizer_state(); }
   virtual void load_optimizer_state(const NamedTensors& state) = 0;
 
   // The devices this process drives.

@@ -59,9 +59,10 @@ void ShardedOptimizer::update(Tensor grad_shard, DeviceTimes& times) {
   times.communicate += seconds_since(start);
 }
 
-NamedTensors ShardedOptimizer::full_state_dict() {
+NamedTensors ShardedOptimizer::full_state_dict(int root) {
   // Per slot, in the optimizer's order: the full flat buffer, or a per-parameter scalar
   // (AdamW's step count, the same for every parameter).
+  const bool assembles = root < 0 || comm_.rank() == root;
   NamedTensors out;
   std::vector<std::pair<std::string, Tensor>> slots;
   std::vector<bool> per_element;
@@ -73,14 +74,33 @@ NamedTensors ShardedOptimizer::full_state_dict() {
       continue;
     }
     const bool elementwise = tensor.numel() == shard_.numel();
+    if (!assembles) {
+      // Its shard to the root, in rank order; nothing kept here.
+      if (elementwise) comm_.send(tensor.reshape({shard_.numel()}).contiguous(), root);
+      continue;
+    }
     Tensor value = tensor.clone();
     if (elementwise) {
       value = layout_.empty_buffer();
-      comm_.all_gather(tensor.reshape({shard_.numel()}), value);
+      const Tensor shard = tensor.reshape({shard_.numel()});
+      if (root < 0) {
+        comm_.all_gather(shard, value);
+      } else {
+        // Rank r's shard is the r-th run of shard-size elements, as all_gather lays it out.
+        for (int r = 0; r < comm_.size(); ++r) {
+          const Tensor part = slice(value, 0, r * shard_.numel(), (r + 1) * shard_.numel());
+          if (r == root) {
+            part.copy_from(shard);
+          } else {
+            comm_.recv(part, r);
+          }
+        }
+      }
     }
     slots.emplace_back(slot, value);
     per_element.push_back(elementwise);
   }
+  if (!assembles) return {};
   // The unsharded optimizer's order: per parameter, its slots.
   for (size_t i = 0; i < layout_.params().size(); ++i) {
     for (size_t s = 0; s < slots.size(); ++s) {

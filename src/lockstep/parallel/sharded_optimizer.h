@@ -51,7 +51,9 @@ class ShardedOptimizer {
   // The state an unsharded optimizer over the parameters would have ("step",
   // "state.<param>.<slot>"), gathered from every rank: collective. Checkpoints hold this,
   // so they load on any number of ranks, sharded or not.
-  NamedTensors full_state_dict();
+  // root >= 0: only rank `root` assembles it (the others send their shards and get an empty
+  // list), so a checkpoint costs the other ranks no full copy.
+  NamedTensors full_state_dict(int root = -1);
   // Takes this rank's shard of such a state (not collective).
   void load_full_state_dict(const NamedTensors& state);
 

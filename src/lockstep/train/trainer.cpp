@@ -221,8 +221,9 @@ TrainSummary Trainer::fit() {
 
 void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& summary) {
   const auto start = std::chrono::steady_clock::now();
-  // Collective under sharded layouts: every process gathers, the leader writes.
-  const NamedTensors optimizer_state = layout_.optimizer_state();
+  // Collective under sharded layouts: the leader (process 0) assembles and writes; the
+  // others send their shards and keep no full copy.
+  const NamedTensors optimizer_state = layout_.optimizer_state_on(0);
   nn::Module& model = layout_.model();
   trained_ = &model;
   if (writer_) {

@@ -56,7 +56,8 @@ struct TrainerOptions {
   int64_t log_every = 10;     // steps between metrics lines
   bool progress = true;       // the progress bar on stderr
   // Whether this process writes files and draws progress: under one process per device,
-  // rank 0 only. Every process runs every step and collective either way.
+  // rank 0 only (the sharded state is assembled on process 0 for it). Every process runs
+  // every step and collective either way.
   bool leader = true;
 };
 
