@@ -7,8 +7,6 @@
 // (seed, batch, micro-batch) and not on the device count.
 #include <sys/resource.h>
 
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
