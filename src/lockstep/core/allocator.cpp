@@ -1,5 +1,6 @@
 #include "lockstep/core/allocator.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -21,6 +22,27 @@ size_t round_size(size_t bytes) {
   return (bytes + unit - 1) / unit * unit;
 }
 
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+std::string mib(size_t bytes) { return mib(static_cast<int64_t>(bytes)); }
+
+// "MemAvailable 812.3 MiB" from /proc/meminfo, or what is unknown.
+std::string available_memory() {
+  if (FILE* file = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof(line), file)) {
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+    }
+    std::fclose(file);
+    if (kib >= 0) return "the host has " + mib(static_cast<int64_t>(kib) * 1024) + " available";
+  }
+  return "the host's available memory is unknown";
+}
+
 struct CpuPool {
   std::mutex mutex;
   MemoryStats stats;
@@ -36,8 +58,15 @@ struct CpuPool {
       it->second.pop_back();
     } else {
       ptr = std::aligned_alloc(64, size);
-      LOCKSTEP_CHECK(ptr != nullptr) << "out of host memory allocating " << size << " bytes (" << stats.reserved_bytes
-                                     << " bytes reserved already)";
+      if (ptr == nullptr) {
+        // The cache's blocks of other sizes go back first, as PyTorch empties its cache.
+        const int64_t cached = release_cached();
+        ptr = std::aligned_alloc(64, size);
+        LOCKSTEP_CHECK(ptr != nullptr) << "out of host memory: " << mib(size) << " asked, "
+                                       << mib(stats.allocated_bytes) << " in use by tensors (" << mib(cached)
+                                       << " of cached blocks given back first); " << available_memory()
+                                       << ": use a smaller model, batch or micro-batch";
+      }
       stats.reserved_bytes += static_cast<int64_t>(size);
     }
     stats.allocated_bytes += static_cast<int64_t>(size);
@@ -46,20 +75,35 @@ struct CpuPool {
     return ptr;
   }
 
-  void release(void* ptr, size_t bytes) {
+  // Called from Storage's noexcept destructor: it must not throw, so a block the cache
+  // has no room to remember (its bookkeeping cannot allocate) goes back to the system.
+  void release(void* ptr, size_t bytes) noexcept {
     const size_t size = round_size(bytes);
     std::lock_guard<std::mutex> lock(mutex);
     stats.allocated_bytes -= static_cast<int64_t>(size);
-    free_blocks[size].push_back(ptr);
+    try {
+      free_blocks[size].push_back(ptr);
+    } catch (...) {
+      std::free(ptr);
+      stats.reserved_bytes -= static_cast<int64_t>(size);
+    }
   }
 
   void empty() {
     std::lock_guard<std::mutex> lock(mutex);
+    release_cached();
+  }
+
+  // Frees every cached block (the caller holds the mutex); the bytes freed.
+  int64_t release_cached() {
+    int64_t freed = 0;
     for (auto& [size, blocks] : free_blocks) {
       for (void* p : blocks) std::free(p);
-      stats.reserved_bytes -= static_cast<int64_t>(size * blocks.size());
+      freed += static_cast<int64_t>(size * blocks.size());
     }
+    stats.reserved_bytes -= freed;
     free_blocks.clear();
+    return freed;
   }
 };
 
