@@ -12,6 +12,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/gpu/build_info.h"
+#include "lockstep/gpu/gpu_leases.h"
 #include "lockstep/gpu/nvml.h"
 #include "tools/common/commands.h"
 #include "tools/common/flags.h"
@@ -106,6 +107,15 @@ int doctor_main(const std::vector<std::string>& args) {
       // A required call failed: the report says so instead of stopping at the error.
       in.gpus.library_path = nvml.library_path();
       in.read_error = e.what();
+    }
+  }
+  if (!in.gpus.devices.empty()) {
+    std::vector<std::string> uuids;
+    for (const gpu::GpuDevice& d : in.gpus.devices) uuids.push_back(d.uuid);
+    try {
+      in.leases = gpu::GpuLeases().held_elsewhere(uuids);
+    } catch (const Error&) {
+      // No lease directory can be made here: no job of this host leases through it either.
     }
   }
   HostProbe probe;

@@ -40,8 +40,8 @@ std::vector<Check> run_checks(const DoctorInput& in) {
   std::vector<Check> checks = {check_nvml(in), check_gpus_seen(in), check_driver_vs_cuda_runtime(in),
                                check_driver_vs_nccl(in)};
   if (in.gpus.loaded() && !in.gpus.devices.empty()) {
-    for (auto rule : {check_visible_devices, check_other_processes, check_ecc, check_retired_pages, check_throttling,
-                      check_persistence, check_topology}) {
+    for (auto rule : {check_visible_devices, check_other_processes, check_gpu_leases, check_ecc, check_retired_pages,
+                      check_throttling, check_persistence, check_topology}) {
       checks.push_back(rule(in));
     }
   }

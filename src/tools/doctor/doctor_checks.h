@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,8 @@ struct DoctorEnv {
 
 struct DoctorInput {
   gpu::GpuState gpus;
+  // The GPUs `lockstep run` jobs lease (gpu/gpu_leases.h): UUID -> what holds the lease.
+  std::map<std::string, std::string> leases;
   // NVML loaded but a required call failed while reading (Nvml::read threw): its message.
   std::string read_error;
   HostFacts host;
@@ -52,6 +55,7 @@ Check check_driver_vs_cuda_runtime(const DoctorInput& in);
 Check check_driver_vs_nccl(const DoctorInput& in);
 Check check_visible_devices(const DoctorInput& in);
 Check check_other_processes(const DoctorInput& in);
+Check check_gpu_leases(const DoctorInput& in);
 Check check_ecc(const DoctorInput& in);
 Check check_retired_pages(const DoctorInput& in);
 Check check_throttling(const DoctorInput& in);

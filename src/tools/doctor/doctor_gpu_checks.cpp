@@ -217,6 +217,25 @@ Check check_other_processes(const DoctorInput& in) {
   return c;
 }
 
+Check check_gpu_leases(const DoctorInput& in) {
+  Check c{"gpu-leases", Status::kPass, "", "", {}};
+  std::vector<std::string> leased;
+  for (const auto& d : in.gpus.devices) {
+    const auto lease = in.leases.find(d.uuid);
+    if (lease == in.leases.end()) continue;
+    leased.push_back(gpu_label(d));
+    c.details.push_back(gpu_label(d) + ": leased by " + lease->second);
+  }
+  if (leased.empty()) {
+    c.summary = "no GPU is leased by a lockstep run job";
+    return c;
+  }
+  // A lease is a job at work, not a fault: what `lockstep run --gpus auto` will leave alone.
+  c.status = Status::kInfo;
+  c.summary = "leased by lockstep run jobs: " + join(leased, ", ") + " (lockstep run --gpus auto takes the others)";
+  return c;
+}
+
 Check check_ecc(const DoctorInput& in) {
   Check c{"ecc", Status::kPass, "", "", {}};
   std::vector<std::string> failing, disabled;

@@ -58,7 +58,7 @@ TEST(DoctorChecks, HealthyEightGpuHostPassesEverything) {
   for (const Check& c : checks)
     EXPECT_TRUE(c.status == Status::kPass || c.status == Status::kInfo) << c.name << ": " << c.summary;
   EXPECT_EQ(exit_code(checks), 0);
-  EXPECT_EQ(checks.size(), 15u);
+  EXPECT_EQ(checks.size(), 16u);
 }
 
 TEST(DoctorChecks, ExitCodeIsTheWorstStatus) {
@@ -228,6 +228,17 @@ TEST(DoctorChecks, MixedGpusNumberDifferentlyWithoutPciBusOrder) {
   EXPECT_EQ(c.details[0], "cuda:0 = NVML GPU 1 (NVIDIA A100-SXM4-80GB)") << c.details[0];
   in.env.cuda_device_order = "PCI_BUS_ID";
   EXPECT_EQ(check_visible_devices(in).status, Status::kPass);
+}
+
+TEST(DoctorChecks, LeasedGpusAreNamedWithTheirHolders) {
+  DoctorInput in = healthy(4);
+  EXPECT_EQ(check_gpu_leases(in).status, Status::kPass);
+  in.leases[in.gpus.devices[1].uuid] = "pid 4242 (user ana): lockstep run -n 1 -- train.py";
+  const Check c = check_gpu_leases(in);
+  EXPECT_EQ(c.status, Status::kInfo);
+  EXPECT_NE(c.summary.find("GPU 1"), std::string::npos) << c.summary;
+  ASSERT_EQ(c.details.size(), 1u);
+  EXPECT_EQ(c.details[0], "GPU 1: leased by pid 4242 (user ana): lockstep run -n 1 -- train.py");
 }
 
 TEST(DoctorChecks, OtherUsersProcessesWarnWithGpusAndMemory) {
