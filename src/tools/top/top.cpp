@@ -16,6 +16,7 @@
 #include "lockstep/core/device.h"
 #include "lockstep/core/error.h"
 #include "lockstep/gpu/device_order.h"
+#include "lockstep/gpu/gpu_leases.h"
 #include "lockstep/gpu/nvml.h"
 #include "tools/common/commands.h"
 #include "tools/common/flags.h"
@@ -72,6 +73,20 @@ void add_cuda_order(TopSample& sample) {
     sample.order_warning += (sample.order_warning.empty() ? "" : "; ") + problem;
 }
 
+// Which GPUs `lockstep run` jobs lease, and what holds each lease.
+void add_leases(TopSample& sample) {
+  std::vector<std::string> uuids;
+  for (const gpu::GpuDevice& device : sample.gpus.devices) uuids.push_back(device.uuid);
+  try {
+    for (const auto& [uuid, holder] : gpu::GpuLeases().held_elsewhere(uuids)) {
+      for (const gpu::GpuDevice& device : sample.gpus.devices)
+        if (device.uuid == uuid) sample.leases[device.index] = holder;
+    }
+  } catch (const Error&) {
+    // No lease directory here: no job leases through it either.
+  }
+}
+
 class Sampler {
  public:
   TopSample take() {
@@ -84,7 +99,10 @@ class Sampler {
       sample.cpu = cpu_->read();
     }
     sample.alerts = find_alerts(sample.gpus);
-    if (sample.shows_gpus()) add_cuda_order(sample);
+    if (sample.shows_gpus()) {
+      add_cuda_order(sample);
+      add_leases(sample);
+    }
     return sample;
   }
 

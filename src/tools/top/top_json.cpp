@@ -56,8 +56,12 @@ nlohmann::json sample_json(const TopSample& sample) {
     out["nvml_library"] = sample.gpus.library_path;
     if (!sample.order_warning.empty()) out["order_warning"] = sample.order_warning;
     nlohmann::json gpus = nlohmann::json::array();
-    for (size_t i = 0; i < sample.gpus.devices.size(); ++i)
-      gpus.push_back(device_json(sample.gpus.devices[i], sample.cuda_index_of(i)));
+    for (size_t i = 0; i < sample.gpus.devices.size(); ++i) {
+      nlohmann::json device = device_json(sample.gpus.devices[i], sample.cuda_index_of(i));
+      if (const auto lease = sample.leases.find(sample.gpus.devices[i].index); lease != sample.leases.end())
+        device["lease"] = lease->second;
+      gpus.push_back(device);
+    }
     out["gpus"] = gpus;
   } else {
     out["no_gpu"] = cpu_view_reason(sample);

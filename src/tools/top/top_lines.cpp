@@ -81,6 +81,12 @@ std::string device_row(const gpu::GpuDevice& device, std::optional<unsigned> cud
                 or_dash(device.sm_clock_mhz, " MHz").c_str(), throttle.c_str());
 }
 
+std::vector<std::string> lease_rows(const TopSample& sample, const gpu::GpuDevice& device) {
+  const auto lease = sample.leases.find(device.index);
+  if (lease == sample.leases.end()) return {};
+  return {"         leased by " + lease->second};
+}
+
 std::vector<std::string> process_rows(const gpu::GpuDevice& device) {
   std::vector<std::string> rows;
   // Why columns are blank: the NVML calls that failed, with NVML's words.
@@ -119,6 +125,7 @@ std::string plain_block(const TopSample& sample) {
     text += device_header() + "\n";
     for (size_t i = 0; i < sample.gpus.devices.size(); ++i) {
       text += device_row(sample.gpus.devices[i], sample.cuda_index_of(i)) + "\n";
+      for (const std::string& row : lease_rows(sample, sample.gpus.devices[i])) text += row + "\n";
       for (const std::string& row : process_rows(sample.gpus.devices[i])) text += row + "\n";
     }
   } else {

@@ -28,6 +28,9 @@ std::string device_row(const gpu::GpuDevice& device, std::optional<unsigned> cud
 // Unknown Error"), then one per process: "pid 12345  71000 MiB  alice  python train.py", or
 // for a process from another PID namespace, a row that says so.
 std::vector<std::string> process_rows(const gpu::GpuDevice& device);
+// The row under a GPU that a `lockstep run` job leases ("leased by pid 12 (user ana): ..."),
+// or none.
+std::vector<std::string> lease_rows(const TopSample& sample, const gpu::GpuDevice& device);
 
 std::string core_header();
 std::string core_row(size_t core, double percent);

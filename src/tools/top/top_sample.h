@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,8 @@ struct TopSample {
   // says so where CUDA's order differs from NVML's.
   std::vector<std::optional<unsigned>> cuda_index;
   std::string order_warning;
+  // GPUs `lockstep run` jobs lease (gpu/gpu_leases.h), by NVML index: what holds each.
+  std::map<unsigned, std::string> leases;
   CpuSample cpu;                   // the view when there is no GPU to show
   std::string nvml_library_tried;  // the file NVML was looked for in, for the no-GPU line
   std::vector<Alert> alerts;

@@ -36,6 +36,7 @@ std::vector<std::string> screen_lines(const TopSample& sample, const History& hi
       const History::Series& past = history.of("gpu" + std::to_string(device.index));
       lines.push_back(std::string(kIndent) + "util " + sparkline(past.utilization, spark) + "  mem " +
                       sparkline(past.memory, spark));
+      for (const std::string& row : lease_rows(sample, device)) lines.push_back(row);
       for (const std::string& row : process_rows(device)) lines.push_back(row);
     }
   } else {

@@ -55,6 +55,15 @@ TEST(TopLines, PlainBlockHasEveryDeviceProcessAndAlertAndNoEscapes) {
   EXPECT_NE(block.find("pid 12345"), std::string::npos) << block;
   EXPECT_NE(block.find("pid 4242"), std::string::npos) << block;
   EXPECT_EQ(block.substr(block.size() - 30), "ALERT GPU 1 memory 96.0% full\n") << block;
+  EXPECT_EQ(block.find("leased by"), std::string::npos) << block;
+  // A GPU a lockstep run job leases shows its holder under it.
+  sample.leases[1] = "pid 4242 (user ana): lockstep run -n 1 -- train.py";
+  const std::string leased = plain_block(sample);
+  const size_t gpu1 = leased.find("\n  1    0 NVIDIA");
+  ASSERT_NE(gpu1, std::string::npos) << leased;
+  EXPECT_EQ(leased.find("leased by pid 4242 (user ana): lockstep run -n 1 -- train.py"),
+            leased.find('\n', gpu1 + 1) + 1 + 9)
+      << leased;
 }
 
 TEST(TopLines, CpuBlockSaysWhyAndListsCoresAndMemory) {
