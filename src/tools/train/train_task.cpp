@@ -34,6 +34,8 @@ TrainTask make_train_task(const TrainPlan& plan) {
   task.train = std::make_shared<TensorDataset>(load_fashion_mnist(dir, Split::train));
   task.test = std::make_shared<TensorDataset>(load_fashion_mnist(dir, Split::test));
   LOCKSTEP_CHECK(task.train->size() > 0) << "the training set in " << dir << " is empty";
+  LOCKSTEP_CHECK(task.test->size() > 0) << "the test set in " << dir << " is empty: there is nothing to measure "
+                                        << "the accuracy on (t10k-images-idx3-ubyte.gz holds no image)";
   task.test_name = "test";
   const std::string name = options.model;
   const uint64_t seed = options.seed;

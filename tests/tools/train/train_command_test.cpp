@@ -428,10 +428,15 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
   }
   std::ofstream(root_ / "bad.safetensors", std::ios::binary) << std::string("\xff\xff\xff\xff\0\0\0\0{", 9);
   ASSERT_EQ(run(base("cnn") + " --steps 1 --out " + (root_ / "cnn").string()).exit_code, 0);
+  // A test split with no image: nothing to report an accuracy on.
+  const fs::path no_test = root_ / "no-test";
+  write_dataset(no_test, "train", 64, 1);
+  write_dataset(no_test, "t10k", 0, 2);
 
   const std::vector<Case> cases = {
       {base() + " --data " + (root_ / "nowhere").string(), 1, "apt-get install dataset-fashion-mnist"},
       {base() + " --data " + corrupt.string(), 1, "train-images-idx3-ubyte.gz"},
+      {base() + " --data " + no_test.string(), 1, "the test set in " + no_test.string() + " is empty"},
       {base() + " --batch-size 0", 2, "--batch-size must be at least 1, got 0"},
       {base() + " --epochs -1", 2, "--epochs must be 0 or more, got -1"},
       {base() + " --lr -0.5", 2, "--lr must be a positive number, got -0.5"},
