@@ -71,21 +71,30 @@ void GpuLeases::release_all() {
   fds_.clear();
 }
 
-std::map<std::string, std::string> GpuLeases::held_elsewhere(const std::vector<std::string>& uuids) const {
-  std::map<std::string, std::string> held;
-  for (const std::string& uuid : uuids) {
-    const int fd = ::open(path_of(uuid).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+std::map<unsigned, std::string> GpuLeases::held_elsewhere(const GpuState& state) const {
+  std::map<unsigned, std::string> held;
+  for (const GpuDevice& device : state.devices) {
+    const int fd = ::open(path_of(device.uuid).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) continue;  // never leased
     // A shared lock is refused while anyone holds the exclusive one: another process, or
     // this one (its own leases are not "elsewhere": it knows them).
     if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
       char text[512];
       const ssize_t n = ::pread(fd, text, sizeof(text) - 1, 0);
-      held[uuid] = n > 0 ? std::string(text, static_cast<size_t>(n)) : std::string("another job");
+      held[device.index] = n > 0 ? std::string(text, static_cast<size_t>(n)) : std::string("another job");
     }
     ::close(fd);
   }
   return held;
+}
+
+std::map<unsigned, std::string> leased_gpus(const GpuState& state) {
+  if (state.devices.empty()) return {};
+  try {
+    return GpuLeases().held_elsewhere(state);
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 }  // namespace lockstep::gpu

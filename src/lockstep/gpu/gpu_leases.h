@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/gpu/gpu_state.h"
+
 namespace lockstep::gpu {
 
 // LOCKSTEP_GPU_LEASE_DIR, or /tmp/lockstep-gpu-leases (made world-writable and sticky, as
@@ -30,13 +32,17 @@ class GpuLeases {
   bool take_all(const std::vector<std::string>& uuids, const std::string& holder);
   void release_all();
 
-  // What holds each GPU of `uuids` that another process leases (uuid -> holder).
-  std::map<std::string, std::string> held_elsewhere(const std::vector<std::string>& uuids) const;
+  // What holds each GPU of `state` that another process leases, by NVML index.
+  std::map<unsigned, std::string> held_elsewhere(const GpuState& state) const;
 
  private:
   std::string path_of(const std::string& uuid) const;
   std::string directory_;
   std::vector<int> fds_;  // one per lease held
 };
+
+// The same for a program that only shows leases (top, doctor): none when this host has no
+// lease directory and none can be made, as then no job leases through it either.
+std::map<unsigned, std::string> leased_gpus(const GpuState& state);
 
 }  // namespace lockstep::gpu

@@ -109,15 +109,7 @@ int doctor_main(const std::vector<std::string>& args) {
       in.read_error = e.what();
     }
   }
-  if (!in.gpus.devices.empty()) {
-    std::vector<std::string> uuids;
-    for (const gpu::GpuDevice& d : in.gpus.devices) uuids.push_back(d.uuid);
-    try {
-      in.leases = gpu::GpuLeases().held_elsewhere(uuids);
-    } catch (const Error&) {
-      // No lease directory can be made here: no job of this host leases through it either.
-    }
-  }
+  in.leases = gpu::leased_gpus(in.gpus);
   HostProbe probe;
   probe.path_env = env("PATH").value_or("");
   in.host = gather_host_facts(probe);

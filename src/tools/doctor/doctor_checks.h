@@ -39,8 +39,8 @@ struct DoctorEnv {
 
 struct DoctorInput {
   gpu::GpuState gpus;
-  // The GPUs `lockstep run` jobs lease (gpu/gpu_leases.h): UUID -> what holds the lease.
-  std::map<std::string, std::string> leases;
+  // The GPUs `lockstep run` jobs lease (gpu/gpu_leases.h): NVML index -> what holds the lease.
+  std::map<unsigned, std::string> leases;
   // NVML loaded but a required call failed while reading (Nvml::read threw): its message.
   std::string read_error;
   HostFacts host;

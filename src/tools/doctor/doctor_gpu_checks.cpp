@@ -221,7 +221,7 @@ Check check_gpu_leases(const DoctorInput& in) {
   Check c{"gpu-leases", Status::kPass, "", "", {}};
   std::vector<std::string> leased;
   for (const auto& d : in.gpus.devices) {
-    const auto lease = in.leases.find(d.uuid);
+    const auto lease = in.leases.find(d.index);
     if (lease == in.leases.end()) continue;
     leased.push_back(gpu_label(d));
     c.details.push_back(gpu_label(d) + ": leased by " + lease->second);

@@ -73,13 +73,7 @@ GpuAssignment assign_gpus(const GpuAsk& ask, const volatile bool& interrupted) {
   for (;;) {
     // GPUs other jobs lease are busy, whatever NVML shows (a job may not have touched its
     // GPU yet).
-    std::vector<unsigned> all;
-    for (const gpu::GpuDevice& d : state.devices) all.push_back(d.index);
-    request.leased.clear();
-    for (const auto& [uuid, holder] : leases->held_elsewhere(uuids_of(all))) {
-      for (const gpu::GpuDevice& d : state.devices)
-        if (d.uuid == uuid) request.leased[d.index] = holder;
-    }
+    request.leased = leases->held_elsewhere(state);
     const gpu::GpuSelection selection = gpu::select_gpus(state, request);
     if (!selection.chosen.empty()) {
       // A launch started at the same moment may have leased one of them since: then choose again.

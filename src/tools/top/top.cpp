@@ -73,20 +73,6 @@ void add_cuda_order(TopSample& sample) {
     sample.order_warning += (sample.order_warning.empty() ? "" : "; ") + problem;
 }
 
-// Which GPUs `lockstep run` jobs lease, and what holds each lease.
-void add_leases(TopSample& sample) {
-  std::vector<std::string> uuids;
-  for (const gpu::GpuDevice& device : sample.gpus.devices) uuids.push_back(device.uuid);
-  try {
-    for (const auto& [uuid, holder] : gpu::GpuLeases().held_elsewhere(uuids)) {
-      for (const gpu::GpuDevice& device : sample.gpus.devices)
-        if (device.uuid == uuid) sample.leases[device.index] = holder;
-    }
-  } catch (const Error&) {
-    // No lease directory here: no job leases through it either.
-  }
-}
-
 class Sampler {
  public:
   TopSample take() {
@@ -101,7 +87,7 @@ class Sampler {
     sample.alerts = find_alerts(sample.gpus);
     if (sample.shows_gpus()) {
       add_cuda_order(sample);
-      add_leases(sample);
+      sample.leases = gpu::leased_gpus(sample.gpus);
     }
     return sample;
   }

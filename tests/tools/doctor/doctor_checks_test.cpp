@@ -233,7 +233,7 @@ TEST(DoctorChecks, MixedGpusNumberDifferentlyWithoutPciBusOrder) {
 TEST(DoctorChecks, LeasedGpusAreNamedWithTheirHolders) {
   DoctorInput in = healthy(4);
   EXPECT_EQ(check_gpu_leases(in).status, Status::kPass);
-  in.leases[in.gpus.devices[1].uuid] = "pid 4242 (user ana): lockstep run -n 1 -- train.py";
+  in.leases[in.gpus.devices[1].index] = "pid 4242 (user ana): lockstep run -n 1 -- train.py";
   const Check c = check_gpu_leases(in);
   EXPECT_EQ(c.status, Status::kInfo);
   EXPECT_NE(c.summary.find("GPU 1"), std::string::npos) << c.summary;
