@@ -87,14 +87,8 @@ TEST(JobSecret, TheLaunchersSecretWinsAndMustBeWellFormed) {
 
 // RFC 4231, test case 2.
 TEST(JobSecret, HmacSha256MatchesTheRfc) {
-  const std::string mac = hmac_sha256("Jefe", "what do ya want for nothing?");
-  std::string hex;
-  for (const unsigned char c : mac) {
-    static const char* kHex = "0123456789abcdef";
-    hex += kHex[c >> 4];
-    hex += kHex[c & 15];
-  }
-  EXPECT_EQ(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(to_hex(hmac_sha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
 }  // namespace

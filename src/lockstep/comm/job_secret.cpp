@@ -19,16 +19,6 @@ namespace {
 
 constexpr size_t kSecretBytes = 32;
 
-std::string to_hex(const std::string& bytes) {
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (const unsigned char c : bytes) {
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
-}
-
 std::string from_hex(const std::string& text) {
   LOCKSTEP_CHECK(text.size() == 2 * kSecretBytes)
       << kJobSecretVariable << " must be " << 2 * kSecretBytes << " hex digits (lockstep run makes one), got "
@@ -97,6 +87,16 @@ std::string random_bytes(size_t count) {
     got += static_cast<size_t>(n);
   }
   return bytes;
+}
+
+std::string to_hex(const std::string& bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (const unsigned char c : bytes) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
 }
 
 std::string make_job_secret() { return to_hex(random_bytes(kSecretBytes)); }

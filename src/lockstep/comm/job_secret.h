@@ -25,7 +25,10 @@ std::string job_secret(const LaunchInfo& info);
 // HMAC-SHA256 of message under key: 32 raw bytes.
 std::string hmac_sha256(const std::string& key, const std::string& message);
 
-// 32 bytes from the kernel's random source.
+// `count` bytes from the kernel's random source.
 std::string random_bytes(size_t count);
+
+// Bytes as lowercase hex digits, two per byte.
+std::string to_hex(const std::string& bytes);
 
 }  // namespace lockstep::comm

@@ -196,13 +196,7 @@ std::shared_ptr<Store> rendezvous_store(const LaunchInfo& info, std::chrono::mil
          "port on every rank";
   // A tag only the job's ranks can compute: another user cannot guess the name and take the
   // directory first.
-  const std::string tag = hmac_sha256(job_secret(info), "file store");
-  static const char* kHex = "0123456789abcdef";
-  std::string tag_hex;
-  for (size_t i = 0; i < 8; ++i) {
-    tag_hex += kHex[static_cast<unsigned char>(tag[i]) >> 4];
-    tag_hex += kHex[static_cast<unsigned char>(tag[i]) & 15];
-  }
+  const std::string tag_hex = to_hex(hmac_sha256(job_secret(info), "file store").substr(0, 8));
   const std::string directory =
       "/tmp/lockstep-rendezvous-" + sanitized(info.job_id) + "-" + std::to_string(::getuid()) + "-" + tag_hex;
   // Rank 0 removes the directory when its store goes, as its TcpStore would stop serving.
