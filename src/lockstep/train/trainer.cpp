@@ -222,8 +222,9 @@ TrainSummary Trainer::fit() {
 void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& summary) {
   const auto start = std::chrono::steady_clock::now();
   // Collective under sharded layouts: the leader (process 0) assembles and writes; the
-  // others send their shards and keep no full copy.
-  const NamedTensors optimizer_state = layout_.optimizer_state_on(0);
+  // others send their shards and keep no full copy. Without out_dir (the same on every
+  // process) nothing is written, and only the model is assembled, for trained_model().
+  const NamedTensors optimizer_state = options_.out_dir.empty() ? NamedTensors{} : layout_.optimizer_state_on(0);
   nn::Module& model = layout_.model();
   trained_ = &model;
   if (writer_) {

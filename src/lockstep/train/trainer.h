@@ -31,7 +31,7 @@ struct TrainerOptions {
   double lr = 1e-3;
   std::string lr_schedule = "constant";  // optim/schedule.h: constant, step:N[:GAMMA], cosine[:warmup=N]...
   // Where metrics.jsonl, the checkpoints (checkpoint_folder.h) and summary.json go ("":
-  // nowhere).
+  // nowhere); the same on every process.
   std::string out_dir = "";
   // The checkpoint the run continues from: "auto" (out_dir's newest intact one, when it has
   // one), "none" (start afresh), a checkpoint file, or a folder (its newest intact one).
