@@ -48,6 +48,16 @@ void check_peer(int peer, int size, const char* call) {
       << call << ": rank " << peer << " is outside this group of " << size << " ranks (0.." << size - 1 << ")";
 }
 
+FlightCall point_to_point(const char* call, const Tensor& tensor, int peer, int tag) {
+  FlightCall record;
+  record.call = call;
+  record.count = tensor.numel();
+  record.dtype = dtype_name(tensor.dtype());
+  record.peer = peer;
+  record.tag = tag;
+  return record;
+}
+
 }  // namespace
 
 CollectiveDesc Communicator::next_desc(CollectiveKind kind, const Tensor* tensor, int64_t count, ReduceOp op,
@@ -62,6 +72,37 @@ CollectiveDesc Communicator::next_desc(CollectiveKind kind, const Tensor* tensor
   return desc;
 }
 
+std::function<void()> Communicator::recorded(FlightCall call, std::function<void()> body) const {
+  call.group = group_name_;
+  call.group_rank = rank_;
+  call.group_size = size_;
+  const uint64_t id = FlightRecorder::process().issued(std::move(call));
+  return [id, body = std::move(body)] {
+    FlightRecorder& recorder = FlightRecorder::process();
+    recorder.started(id);
+    try {
+      body();
+    } catch (const std::exception& error) {
+      recorder.ended(id, error.what());
+      throw;
+    }
+    recorder.ended(id);
+  };
+}
+
+std::function<void()> Communicator::recorded(const CollectiveDesc& desc, std::function<void()> body) const {
+  FlightCall call;
+  call.call = collective_name(desc.kind);
+  call.sequence = desc.sequence;
+  call.count = desc.count;
+  call.dtype = desc.kind == CollectiveKind::barrier || desc.kind == CollectiveKind::split ? "" : dtype_name(desc.dtype);
+  if (desc.kind == CollectiveKind::all_reduce || desc.kind == CollectiveKind::reduce_scatter) {
+    call.op = reduce_op_name(desc.op);
+  }
+  if (desc.kind == CollectiveKind::broadcast) call.peer = desc.root;
+  return recorded(std::move(call), std::move(body));
+}
+
 void Communicator::guarded(const std::function<void()>& body) {
   {
     std::lock_guard lock(mutex_);
@@ -70,6 +111,7 @@ void Communicator::guarded(const std::function<void()>& body) {
   try {
     body();
   } catch (const std::exception& error) {
+    FlightRecorder::process().failed(error.what());
     std::lock_guard lock(mutex_);
     if (failure_.empty()) failure_ = error.what();
     throw;
@@ -136,7 +178,7 @@ std::function<void()> Communicator::prepare_all_reduce(const Tensor& tensor, Red
   check_contiguous(tensor, "in-place", "all_reduce");
   check_reducible(tensor.dtype(), op);
   const CollectiveDesc desc = next_desc(CollectiveKind::all_reduce, &tensor, tensor.numel(), op, 0);
-  return [this, tensor, desc] { do_all_reduce(tensor, desc); };
+  return recorded(desc, [this, tensor, desc] { do_all_reduce(tensor, desc); });
 }
 
 std::function<void()> Communicator::prepare_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) {
@@ -150,7 +192,7 @@ std::function<void()> Communicator::prepare_reduce_scatter(const Tensor& input, 
       << output.numel() * size() << ")";
   check_reducible(input.dtype(), op);
   const CollectiveDesc desc = next_desc(CollectiveKind::reduce_scatter, &input, output.numel(), op, 0);
-  return [this, input, output, desc] { do_reduce_scatter(input, output, desc); };
+  return recorded(desc, [this, input, output, desc] { do_reduce_scatter(input, output, desc); });
 }
 
 std::function<void()> Communicator::prepare_all_gather(const Tensor& input, const Tensor& output) {
@@ -163,28 +205,28 @@ std::function<void()> Communicator::prepare_all_gather(const Tensor& input, cons
       << "; output must hold one input-sized slice per rank (" << size() << " x " << input.numel() << " = "
       << input.numel() * size() << ")";
   const CollectiveDesc desc = next_desc(CollectiveKind::all_gather, &input, input.numel(), ReduceOp::sum, 0);
-  return [this, input, output, desc] { do_all_gather(input, output, desc); };
+  return recorded(desc, [this, input, output, desc] { do_all_gather(input, output, desc); });
 }
 
 std::function<void()> Communicator::prepare_broadcast(const Tensor& tensor, int root) {
   check_contiguous(tensor, "in-place", "broadcast");
   check_peer(root, size(), "broadcast");
   const CollectiveDesc desc = next_desc(CollectiveKind::broadcast, &tensor, tensor.numel(), ReduceOp::sum, root);
-  return [this, tensor, desc] { do_broadcast(tensor, desc); };
+  return recorded(desc, [this, tensor, desc] { do_broadcast(tensor, desc); });
 }
 
 std::function<void()> Communicator::prepare_send(const Tensor& tensor, int peer, int tag) {
   check_contiguous(tensor, "sent", "send");
   check_peer(peer, size(), "send");
   LOCKSTEP_CHECK(peer != rank()) << "send: rank " << rank() << " cannot send to itself";
-  return [this, tensor, peer, tag] { do_send(tensor, peer, tag); };
+  return recorded(point_to_point("send", tensor, peer, tag), [this, tensor, peer, tag] { do_send(tensor, peer, tag); });
 }
 
 std::function<void()> Communicator::prepare_recv(const Tensor& tensor, int peer, int tag) {
   check_contiguous(tensor, "receiving", "recv");
   check_peer(peer, size(), "recv");
   LOCKSTEP_CHECK(peer != rank()) << "recv: rank " << rank() << " cannot receive from itself";
-  return [this, tensor, peer, tag] { do_recv(tensor, peer, tag); };
+  return recorded(point_to_point("recv", tensor, peer, tag), [this, tensor, peer, tag] { do_recv(tensor, peer, tag); });
 }
 
 void Communicator::all_reduce(const Tensor& tensor, ReduceOp op) {
@@ -225,15 +267,16 @@ Work Communicator::recv_async(const Tensor& tensor, int peer, int tag) {
 
 void Communicator::barrier() {
   const CollectiveDesc desc = next_desc(CollectiveKind::barrier, nullptr, 0, ReduceOp::sum, 0);
-  run_sync(kCollectives, [this, desc] { do_barrier(desc); });
+  run_sync(kCollectives, recorded(desc, [this, desc] { do_barrier(desc); }));
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   const CollectiveDesc desc = next_desc(CollectiveKind::split, nullptr, 0, ReduceOp::sum, 0);
   std::shared_ptr<Communicator> result;
-  run_sync(kCollectives, [&] { result = do_split(color, key, desc); });
+  run_sync(kCollectives, recorded(desc, [&] { result = do_split(color, key, desc); }));
   if (result) {
     result->set_timeout(timeout());
+    result->group_name_ = group_name_ + "/split" + std::to_string(desc.sequence) + "/color" + std::to_string(color);
     const std::lock_guard lock(subgroups_mutex_);
     subgroups_.push_back(result);
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lockstep/comm/collective.h"
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/comm/reduce_op.h"
 #include "lockstep/comm/work.h"
 #include "lockstep/core/tensor.h"
@@ -90,6 +91,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   virtual Tensor empty_common(const Shape& shape, DType dtype, Device device = Device::cpu());
   virtual bool shares_memory() const { return false; }
 
+  // How the flight recorder (flight_recorder.h) names this group: "world" for a job's
+  // communicator, "world/split3/color1" for what its third collective, a split, made.
+  const std::string& group_name() const { return group_name_; }
+
   // May be changed at any time; calls already waiting keep the limit they started with.
   std::chrono::milliseconds timeout() const { return timeout_.load(); }
   // This rank gives up (its own code failed): peers waiting for it, on this group and on
@@ -127,6 +132,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::function<void()> prepare_send(const Tensor& tensor, int peer, int tag);
   std::function<void()> prepare_recv(const Tensor& tensor, int peer, int tag);
   CollectiveDesc next_desc(CollectiveKind kind, const Tensor* tensor, int64_t count, ReduceOp op, int root);
+  // Records the call in the flight recorder as issued now, and returns body wrapped to
+  // record when it starts waiting and how it ends.
+  std::function<void()> recorded(FlightCall call, std::function<void()> body) const;
+  std::function<void()> recorded(const CollectiveDesc& desc, std::function<void()> body) const;
 
   // Calls run in one of three lanes, each in call order: collectives, sends, receives.
   // Sends and receives have lanes of their own so that a rank can send and receive at
@@ -146,6 +155,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   int rank_;
   int size_;
+  std::string group_name_ = "world";
   std::atomic<std::chrono::milliseconds> timeout_;  // read by the lanes' worker threads
   std::mutex subgroups_mutex_;
   std::vector<std::weak_ptr<Communicator>> subgroups_;  // what split() made, for abort()

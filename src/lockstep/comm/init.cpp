@@ -38,6 +38,7 @@ std::shared_ptr<Communicator> init_process_group(const std::string& requested, s
   LOCKSTEP_CHECK(requested == "auto" || requested == "shm" || requested == "mpi" || requested == "nccl")
       << "unknown process-group backend '" << requested << "': use auto, shm, mpi or nccl";
   const LaunchInfo info = launch_info_from_env();
+  FlightRecorder::process().start(info.rank);  // a hang's report names this rank
   std::string backend = requested;
   if (backend == "nccl") {
 #if LOCKSTEP_HAVE_NCCL

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "lockstep/autograd/grad_mode.h"
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/comm/local_communicator.h"
 #include "lockstep/comm/tree_reduce.h"
 #include "lockstep/core/storage.h"
@@ -289,7 +290,10 @@ void DataParallel::run_device(int device, const TensorBatch& batch, const StepCo
     if (device == 0) result.skipped = !finite;
   }
   for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(sums[i]);
-  if (finite) optimizers_[device]->step();
+  {
+    const comm::FlightPhase phase("optimizer");
+    if (finite) optimizers_[device]->step();
+  }
   optimizers_[device]->zero_grad();
   times.optimizer = seconds_since(start);
 }
@@ -318,7 +322,10 @@ void DataParallel::step_share(int device, DeviceTimes& times) {
   }
   times.communicate += seconds_since(start);
   start = StepClock::now();
-  optimizers_[static_cast<size_t>(device)]->step();
+  {
+    const comm::FlightPhase phase("optimizer");
+    optimizers_[static_cast<size_t>(device)]->step();
+  }
   optimizers_[static_cast<size_t>(device)]->zero_grad();
   times.optimizer = seconds_since(start);
 }

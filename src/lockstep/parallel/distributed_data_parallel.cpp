@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
 
 namespace lockstep::parallel {
@@ -239,6 +240,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   times.communicate = seconds_since(start);
   if (sharded_) {
     if (options_.zero1) {
+      const comm::FlightPhase phase("optimizer");
       sharded_->step(last_leaf_, times);
     } else {
       sharded_->step_reduced(last_leaf_, times);
@@ -254,7 +256,10 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
     result.skipped = !finite;
   }
   gradients_.give(last_leaf_);
-  if (finite) optimizer_->step();
+  {
+    const comm::FlightPhase phase("optimizer");
+    if (finite) optimizer_->step();
+  }
   optimizer_->zero_grad();
   last_leaf_ = Tensor();
   times.optimizer = seconds_since(start);

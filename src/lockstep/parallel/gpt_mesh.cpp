@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/gradient_tree.h"
 #include "lockstep/parallel/stage_links.h"
@@ -158,6 +159,8 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
   most_in_flight_ = parallel::most_in_flight(ops);
   for (const PipelineOp& op : ops) {
     InFlight& slot = in_flight[static_cast<size_t>(op.micro_batch)];
+    comm::FlightRecorder::process().set_micro_batch(op.micro_batch);
+    const comm::FlightPhase phase(op.forward ? "forward" : "backward");
     const int64_t row = first + op.micro_batch * micro;
     if (op.forward) {
       if (part.first()) {
@@ -225,7 +228,10 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
 
   start = StepClock::now();
   gradients_->give(sums[0]);
-  optimizer_->step();
+  {
+    const comm::FlightPhase phase("optimizer");
+    optimizer_->step();
+  }
   optimizer_->zero_grad();
   times.optimizer = seconds_since(start);
   start = StepClock::now();

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/gradient_tree.h"
 #include "lockstep/parallel/stage_links.h"
@@ -125,6 +126,8 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
   GradientTree tree;
   for (const PipelineOp& op : pipeline_ops(options_.schedule, stage(), stages, micro_batches)) {
     InFlight& slot = in_flight[static_cast<size_t>(op.micro_batch)];
+    comm::FlightRecorder::process().set_micro_batch(op.micro_batch);
+    const comm::FlightPhase phase(op.forward ? "forward" : "backward");
     const int64_t row = first_row + op.micro_batch * micro;
     if (op.forward) {
       const TensorBatch micro_batch = global_batch.slice(row, micro);
@@ -209,7 +212,10 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
                                           sums.begin() + static_cast<std::ptrdiff_t>(statistics_end)));
   }
   if (gradients_) gradients_->give(sums[0]);
-  optimizer_->step();  // without parameters too, so that every stage counts the steps
+  {
+    const comm::FlightPhase phase("optimizer");
+    optimizer_->step();  // without parameters too, so that every stage counts the steps
+  }
   optimizer_->zero_grad();
   times.optimizer = seconds_since(start);
   return result;

@@ -3,6 +3,7 @@
 #include <bit>
 #include <sstream>
 
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/core/autocast.h"
 #include "lockstep/ops/ops.h"
 
@@ -42,11 +43,15 @@ Tensor run_micro_batch(nn::Module& model, const LossFunction& loss, const Tensor
   const StepContext micro_context{
       .seed = context.seed, .step = context.step, .first_sample = context.first_sample + first};
   model.set_forward_context(micro_context);
+  comm::FlightRecorder& flight = comm::FlightRecorder::process();
+  flight.set_micro_batch(first / count);
+  const comm::FlightPhase phase("forward");  // backward follows; the step's phase comes back after
   const Tensor losses = loss(model, micro_batch, micro_context);
   // A sequence model's [count, T] losses are count * T terms, each weighted 1/(batch * T),
   // so the loss is the mean over every position of the global batch.
   const double weight = static_cast<double>(global_batch * check_per_sample_loss(losses, count));
   const Tensor total = sum(losses);
+  flight.set_phase("backward");
   // The scale is a power of two: scale / weight rounds as 1 / weight does, times the scale.
   total.backward(Tensor::scalar(precision.loss_scale / weight, total.dtype(), device));
   // The loss divided where it lies (f32 to f64 is exact; one IEEE division, as on the host),

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "lockstep/autograd/grad_mode.h"
+#include "lockstep/comm/flight_recorder.h"
 #include "lockstep/io/checkpoint.h"
 #include "lockstep/io/weights_sha256.h"
 #include "lockstep/obs/json_lines.h"
@@ -134,13 +135,20 @@ TrainSummary Trainer::fit() {
   auto last_save = start;
   int64_t step = summary.resumed_from;
   bool stop = false;
+  // Where the loop is, for a hang's report (comm/flight_recorder.h): steps numbered as the
+  // metrics and checkpoints number them, from 1.
+  comm::FlightRecorder& flight = comm::FlightRecorder::process();
   while (step < total && !stop) {
+    flight.set_step(step + 1);
+    flight.set_phase("loading data");
     const std::optional<Batch> batch = loader.next();
     if (!batch) continue;  // the epoch is over; the loader moved to the next one
     layout_.set_lr(schedule.lr_at(options_.lr, step));
+    flight.set_phase("step");
     const parallel::StepResult result = layout_.step(
         batch->samples,
         {.seed = options_.seed, .step = static_cast<uint64_t>(step), .first_sample = batch->first_position});
+    flight.set_phase("step boundary");
     ++step;
     summary.samples += batch->size();
     summary.loss = result.loss;
@@ -220,6 +228,7 @@ TrainSummary Trainer::fit() {
 }
 
 void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& summary) {
+  const comm::FlightPhase phase("checkpoint");
   const auto start = std::chrono::steady_clock::now();
   // Collective under sharded layouts: the leader (process 0) assembles and writes; the
   // others send their shards and keep no full copy. Without out_dir (the same on every

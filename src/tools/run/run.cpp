@@ -1,7 +1,7 @@
 // `lockstep run`: one process per device for any program, torchrun's contract.
 //
 //   lockstep run -n 2 [--gpus auto|0,2,3] [--min-free-memory 10G] [--log-dir DIR]
-//                [--max-restarts K] [--grace SECONDS] -- CMD ARGS...
+//                [--max-restarts K] [--grace SECONDS] [--hang-timeout 5m] -- CMD ARGS...
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR
 // and MASTER_PORT (a free port, fresh for every start, unless --master-port), and
@@ -10,7 +10,10 @@
 // (run_gpus.h says which GPUs). Output lines are prefixed by rank; each rank's whole output is in
 // DIR/rank<r>.log (DIR/rank<r>.restart<k>.log after the k-th restart). If a worker fails, the others are stopped
 // (SIGTERM to each process group, SIGKILL after the grace period) and the summary names the first failure. SIGINT,
-// SIGTERM, SIGHUP and SIGUSR1 to the launcher reach every worker; workers die with the launcher. Under mpirun or srun
+// SIGTERM, SIGHUP and SIGUSR1 to the launcher reach every worker; workers die with the launcher. Lockstep workers keep
+// flight records (lockstep/comm/flight_recorder.h) in DIR/flight: when a worker fails, or no rank has made progress for
+// --hang-timeout, the launcher says which rank holds the others back and where (hang_verdict.h); SIGUSR2 to the
+// launcher prints that verdict without stopping anything. Under mpirun or srun
 // (their variables present) it starts nothing: it maps their variables to the same contract and runs the command in its
 // place.
 #include <netinet/in.h>
@@ -24,6 +27,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "lockstep/comm/job_secret.h"
 #include "lockstep/comm/launch_env.h"
@@ -32,8 +36,10 @@
 #include "lockstep/gpu/gpu_selection.h"
 #include "tools/common/byte_size.h"
 #include "tools/common/commands.h"
+#include "tools/common/duration.h"
 #include "tools/common/flags.h"
 #include "tools/common/run_dir.h"
+#include "tools/run/hang_verdict.h"
 #include "tools/run/run_gpus.h"
 #include "tools/run/worker_group.h"
 
@@ -44,11 +50,14 @@ namespace fs = std::filesystem;
 
 volatile bool g_interrupted = false;
 volatile int g_stop_signal = SIGTERM;
+volatile sig_atomic_t g_verdict_asked = 0;
 
 void on_stop_signal(int signal) {
   g_stop_signal = signal;
   g_interrupted = true;
 }
+
+void on_verdict_signal(int) { g_verdict_asked = 1; }
 
 // A TCP port nobody listens on now (the kernel's pick), so two jobs on one host never
 // meet at the same fixed port.
@@ -136,7 +145,7 @@ int run_main(const std::vector<std::string>& args) {
   }
   int64_t workers = 0, max_restarts = 0, master_port = 0;
   double grace_seconds = 5, wait_seconds = -1;
-  std::string log_dir, master_addr = "127.0.0.1", gpus, min_free_memory = "0";
+  std::string log_dir, master_addr = "127.0.0.1", gpus, min_free_memory = "0", hang_timeout;
   Flags flags("lockstep run",
               "Starts one process per device, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
               "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS):\n"
@@ -146,6 +155,9 @@ int run_main(const std::vector<std::string>& args) {
   flags.add("log-dir", &log_dir, "where each rank's whole output goes (default runs/launch-<timestamp>)");
   flags.add("max-restarts", &max_restarts, "restart the whole group this many times after a failure");
   flags.add("grace", &grace_seconds, "seconds between SIGTERM and SIGKILL when stopping workers");
+  flags.add("hang-timeout", &hang_timeout,
+            "stop the group, naming the rank that holds it back, when no Lockstep rank has made progress\n"
+            "for this long, like 5m (default: never; a collective's own timeout still ends a hang)");
   flags.add("master-addr", &master_addr, "the address rank 0 serves the rendezvous on");
   flags.add("master-port", &master_port, "the rendezvous port (default: a free one, fresh for every start)");
   flags.add("gpus", &gpus,
@@ -157,6 +169,7 @@ int run_main(const std::vector<std::string>& args) {
   if (command.empty()) throw UsageError("no command to run: lockstep run -n N -- CMD ARGS...");
   if (grace_seconds < 0) throw UsageError("--grace must be 0 or more seconds");
   if (max_restarts < 0) throw UsageError("--max-restarts must be 0 or more");
+  const double hang_seconds = hang_timeout.empty() ? 0 : parse_duration("--hang-timeout", hang_timeout);
 
   const comm::LaunchInfo launched = comm::launch_info_from_env();
   if (launched.launcher == "openmpi" || launched.launcher == "slurm") {
@@ -223,6 +236,8 @@ int run_main(const std::vector<std::string>& args) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGHUP, &action, nullptr);
   sigaction(SIGUSR1, &action, nullptr);  // Slurm's --signal: the workers checkpoint and stop
+  action.sa_handler = on_verdict_signal;
+  sigaction(SIGUSR2, &action, nullptr);
 
   const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
   if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
@@ -237,6 +252,14 @@ int run_main(const std::vector<std::string>& args) {
       given_secret != nullptr && *given_secret != '\0' ? std::string(given_secret) : comm::make_job_secret();
   for (int64_t attempt = 0;; ++attempt) {
     const int port = master_port > 0 ? static_cast<int>(master_port) : free_port();
+    // A restart keeps the logs and flight records of the attempt that failed.
+    const std::string attempt_suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);
+    const std::string flight_dir = (fs::path(log_dir) / ("flight" + attempt_suffix)).string();
+    std::error_code flight_error;
+    fs::remove_all(flight_dir, flight_error);  // an earlier job's records in a reused --log-dir
+    fs::create_directories(flight_dir, flight_error);
+    if (flight_error)
+      throw Error("--log-dir " + log_dir + ": cannot create " + flight_dir + ": " + flight_error.message());
     std::vector<WorkerSpec> specs;
     for (int64_t r = 0; r < workers; ++r) {
       WorkerSpec spec;
@@ -251,29 +274,63 @@ int run_main(const std::vector<std::string>& args) {
       spec.env[comm::kJobSecretVariable] = secret;
       if (!assigned.cuda_visible_devices.empty()) spec.env["CUDA_VISIBLE_DEVICES"] = assigned.cuda_visible_devices;
       spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
-      // A restart keeps the logs of the attempt that failed.
-      const std::string attempt_suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);
+      spec.env["LOCKSTEP_FLIGHT_DIR"] = flight_dir;
       spec.log_path = (fs::path(log_dir) / ("rank" + std::to_string(r) + attempt_suffix + ".log")).string();
       specs.push_back(std::move(spec));
     }
     WorkerGroup group(specs);
-    const WorkerExit failure =
-        group.run(g_interrupted, g_stop_signal, std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1e3)));
+    bool hung = false;
+    std::string verdict;
+    RunHooks hooks;
+    hooks.check = [&] {
+      if (g_verdict_asked) {
+        g_verdict_asked = 0;
+        const std::string now =
+            hang_verdict(read_flight_reports(flight_dir, static_cast<int>(workers)), -1, "", comm::unix_ms_now());
+        std::fprintf(stderr, "lockstep run: %s\n", now.empty() ? "no rank has written a flight record" : now.c_str());
+      }
+      if (hang_seconds <= 0) return false;
+      // Only ranks that keep a record can be judged: a job of other programs never hangs here.
+      const int64_t progress = newest_progress_ms(read_flight_reports(flight_dir, static_cast<int>(workers)));
+      hung = progress > 0 && static_cast<double>(comm::unix_ms_now() - progress) > hang_seconds * 1e3;
+      return hung;
+    };
+    hooks.before_stop = [&](const WorkerExit& first) {
+      if (first.rank < 0 && !hung) return;  // stopped by a signal to the launcher
+      // The survivors' records catch up with the failure (they are written five times a second).
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      verdict = hang_verdict(read_flight_reports(flight_dir, static_cast<int>(workers)), first.rank, first.describe(),
+                             comm::unix_ms_now());
+    };
+    const WorkerExit failure = group.run(g_interrupted, g_stop_signal,
+                                         std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1e3)), hooks);
     if (g_interrupted) {
       std::fprintf(stderr, "lockstep run: stopped by signal %d; every worker was stopped\n", g_stop_signal);
       return 128 + g_stop_signal;
     }
-    if (failure.rank < 0) return 0;
+    if (failure.rank < 0 && !hung) return 0;
 
-    std::fprintf(stderr, "lockstep run: rank %d failed first (%s); the other ranks were stopped\n", failure.rank,
-                 failure.describe().c_str());
-    const std::vector<std::string> tail = group.last_lines(failure.rank);
-    if (!tail.empty()) {
-      std::fprintf(stderr, "  its last lines:\n");
-      for (const std::string& line : tail) std::fprintf(stderr, "    %s\n", line.c_str());
+    if (hung) {
+      std::fprintf(stderr, "lockstep run: no rank has made progress for %g s (--hang-timeout); the group was stopped\n",
+                   hang_seconds);
+    } else {
+      std::fprintf(stderr, "lockstep run: rank %d failed first (%s); the other ranks were stopped\n", failure.rank,
+                   failure.describe().c_str());
     }
-    std::fprintf(stderr, "  its whole output: %s\n", specs[static_cast<size_t>(failure.rank)].log_path.c_str());
-    if (attempt >= max_restarts) return failure.signal != 0 ? 128 + failure.signal : failure.exit_code;
+    if (!verdict.empty()) {
+      std::fprintf(stderr, "  where: %s\n  flight records: %s\n", verdict.c_str(), flight_dir.c_str());
+    }
+    if (!hung) {
+      const std::vector<std::string> tail = group.last_lines(failure.rank);
+      if (!tail.empty()) {
+        std::fprintf(stderr, "  its last lines:\n");
+        for (const std::string& line : tail) std::fprintf(stderr, "    %s\n", line.c_str());
+      }
+      std::fprintf(stderr, "  its whole output: %s\n", specs[static_cast<size_t>(failure.rank)].log_path.c_str());
+    }
+    // A hang ends with timeout(1)'s code.
+    const int code = hung ? 124 : failure.signal != 0 ? 128 + failure.signal : failure.exit_code;
+    if (attempt >= max_restarts) return code;
     std::fprintf(stderr, "lockstep run: restarting the group (%lld of %lld)\n", static_cast<long long>(attempt + 1),
                  static_cast<long long>(max_restarts));
   }

@@ -18,6 +18,7 @@ namespace lockstep::tools {
 namespace {
 
 constexpr size_t kTailLines = 20;
+constexpr size_t kLongestLine = 64 * 1024;
 
 using Clock = std::chrono::steady_clock;
 
@@ -132,13 +133,17 @@ WorkerGroup::~WorkerGroup() {
 void WorkerGroup::relay(Worker& w, int rank, const char* data, size_t n) {
   std::fwrite(data, 1, n, w.log);
   w.partial.append(data, n);
-  size_t start = 0;
-  for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-    const std::string line = w.partial.substr(start, nl - start);
+  auto print = [&](size_t start, size_t length) {
+    const std::string line = w.partial.substr(start, length);
     std::printf("[rank %d] %s\n", rank, line.c_str());
     w.tail.push_back(line);
     if (w.tail.size() > kTailLines) w.tail.pop_front();
-  }
+  };
+  size_t start = 0;
+  for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos; start = nl + 1) print(start, nl - start);
+  // Output that never ends a line (binary data, a progress bar drawn with \r) is relayed in
+  // pieces: the launcher holds at most one piece per worker.
+  for (; w.partial.size() - start > kLongestLine; start += kLongestLine) print(start, kLongestLine);
   w.partial.erase(0, start);
   std::fflush(stdout);
 }
@@ -200,7 +205,7 @@ void WorkerGroup::signal_all(int signal) {
 }
 
 WorkerExit WorkerGroup::run(const volatile bool& interrupted, const volatile int& stop_signal,
-                            std::chrono::milliseconds grace) {
+                            std::chrono::milliseconds grace, const RunHooks& hooks) {
   WorkerExit first;
   auto any_running = [&] {
     for (const Worker& w : workers_)
@@ -209,12 +214,19 @@ WorkerExit WorkerGroup::run(const volatile bool& interrupted, const volatile int
   };
   bool stopping = false;
   Clock::time_point kill_at{};
+  Clock::time_point next_check = Clock::now() + std::chrono::seconds(1);
   while (any_running()) {
     pump(50);
     reap(first);
-    if (!stopping && (first.rank >= 0 || interrupted)) {
+    bool stop_asked = false;
+    if (!stopping && hooks.check && Clock::now() >= next_check) {
+      stop_asked = hooks.check();
+      next_check = Clock::now() + std::chrono::seconds(1);
+    }
+    if (!stopping && (first.rank >= 0 || interrupted || stop_asked)) {
       // One failed (or the launcher was told to stop): the others stop too.
       stopping = true;
+      if (hooks.before_stop) hooks.before_stop(first);
       signal_all(interrupted ? stop_signal : SIGTERM);
       kill_at = Clock::now() + grace;
     }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +35,15 @@ struct WorkerExit {
   std::string describe() const;  // "exit code 3", "killed by signal 9 (Killed)"
 };
 
+// What the launcher adds to a group's run.
+struct RunHooks {
+  // Polled about once a second while workers run; true stops the group as a failure does.
+  std::function<bool()> check;
+  // Called once when the group starts to stop (a worker failed, the launcher was signalled,
+  // or check() said so), before any worker is signalled; `first` is the failure, if any.
+  std::function<void(const WorkerExit& first)> before_stop;
+};
+
 class WorkerGroup {
  public:
   // Starts every worker; throws Error naming the command when one cannot start.
@@ -42,11 +52,13 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Relays output and reaps workers until all have ended, or until one fails or
-  // `interrupted` becomes true (a signal to the launcher); then sends `stop_signal` to
-  // every group still running and, after `grace`, SIGKILL. Returns the first failure (in
-  // time), or a WorkerExit with rank -1 when every worker succeeded.
-  WorkerExit run(const volatile bool& interrupted, const volatile int& stop_signal, std::chrono::milliseconds grace);
+  // Relays output and reaps workers until all have ended, or until one fails, `interrupted`
+  // becomes true (a signal to the launcher) or hooks.check() says to stop; then sends
+  // `stop_signal` (SIGTERM unless interrupted) to every group still running and, after
+  // `grace`, SIGKILL. Returns the first failure (in time), or a WorkerExit with rank -1 when
+  // no worker failed.
+  WorkerExit run(const volatile bool& interrupted, const volatile int& stop_signal, std::chrono::milliseconds grace,
+                 const RunHooks& hooks = {});
 
   // The last lines worker `rank` printed (at most `count`).
   std::vector<std::string> last_lines(int rank) const;
