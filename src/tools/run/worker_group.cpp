@@ -130,15 +130,16 @@ WorkerGroup::~WorkerGroup() {
   if (keeper_ > 0) waitpid(keeper_, nullptr, 0);
 }
 
+void WorkerGroup::print_line(Worker& w, int rank, std::string line) {
+  std::printf("[rank %d] %s\n", rank, line.c_str());
+  w.tail.push_back(std::move(line));
+  if (w.tail.size() > kTailLines) w.tail.pop_front();
+}
+
 void WorkerGroup::relay(Worker& w, int rank, const char* data, size_t n) {
   std::fwrite(data, 1, n, w.log);
   w.partial.append(data, n);
-  auto print = [&](size_t start, size_t length) {
-    const std::string line = w.partial.substr(start, length);
-    std::printf("[rank %d] %s\n", rank, line.c_str());
-    w.tail.push_back(line);
-    if (w.tail.size() > kTailLines) w.tail.pop_front();
-  };
+  auto print = [&](size_t start, size_t length) { print_line(w, rank, w.partial.substr(start, length)); };
   size_t start = 0;
   for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos; start = nl + 1) print(start, nl - start);
   // Output that never ends a line (binary data, a progress bar drawn with \r) is relayed in
@@ -148,9 +149,12 @@ void WorkerGroup::relay(Worker& w, int rank, const char* data, size_t n) {
   std::fflush(stdout);
 }
 
+// The last line a worker left unended: printed as a line, and kept in the log as it came.
 void WorkerGroup::flush_partial(Worker& w, int rank) {
   if (w.partial.empty()) return;
-  relay(w, rank, "\n", 1);
+  print_line(w, rank, std::move(w.partial));
+  w.partial.clear();
+  std::fflush(stdout);
 }
 
 int64_t WorkerGroup::pump(int timeout_ms) {

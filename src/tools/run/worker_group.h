@@ -73,6 +73,7 @@ class WorkerGroup {
     bool running = true;
     WorkerExit exit;
   };
+  void print_line(Worker& w, int rank, std::string line);  // "[rank r] line", kept in the tail
   void relay(Worker& w, int rank, const char* data, size_t n);
   void flush_partial(Worker& w, int rank);
   int64_t pump(int timeout_ms);  // relays what is ready: bytes read, -1 when every pipe is closed

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -129,6 +130,20 @@ TEST_F(RunCommand, WhatAnEndedWorkerStartedEndsWithTheJob) {
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(gone) << "rank 0's background child outlived the job";
+}
+
+// Output that never ends a line reaches the terminal in pieces, not held whole by the launcher.
+TEST_F(RunCommand, OutputWithoutNewlinesIsRelayedInPieces) {
+  const Result r = launch("-n 1 -- sh -c \"head -c 200000 /dev/zero | tr '\\\\0' x\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output.substr(0, 400);
+  size_t pieces = 0, longest = 0;
+  for (size_t at = r.output.find("[rank 0] x"); at != std::string::npos; at = r.output.find("[rank 0] x", at + 1)) {
+    ++pieces;
+    longest = std::max(longest, r.output.find('\n', at) - at - std::strlen("[rank 0] "));
+  }
+  EXPECT_EQ(pieces, 4u);  // 3 x 64 KiB and the rest
+  EXPECT_EQ(longest, 65536u);
+  EXPECT_EQ(fs::file_size(root_ / "logs" / "rank0.log"), 200000u);  // the log keeps the bytes as they came
 }
 
 TEST_F(RunCommand, RestartsTheGroupAfterAFailure) {
