@@ -666,6 +666,28 @@ TEST(FileStore, RemoveDirectoryRemovesWhatTheStoreWrote) {
   EXPECT_FALSE(exists(path));
 }
 
+// A job whose rank 0 was killed leaves its keys; a later job of the same id (so the same
+// directory) must not read them. One that is still running keeps them.
+TEST(FileStore, ADirectoryLeftByEndedProcessesIsEmptiedFirst) {
+  TempDir parent;
+  const std::string path = parent.path() + "/rendezvous";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    FileStore store(path);  // the earlier job: a rank that signs in, writes and dies
+    store.set("lockstep/world/names", "stale");
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(exists(path + "/k-lockstep%2Fworld%2Fnames"));
+  FileStore later(path);
+  EXPECT_FALSE(later.check("lockstep/world/names")) << "a later job read the ended job's key";
+  later.set("ours", "1");
+  FileStore joining(path);  // a rank of the same, live job: keeps what the first wrote
+  EXPECT_EQ(joining.get("ours", 1s), "1");
+}
+
 TEST(FileStore, RankZeroMayRemoveTheDirectoryRightAfterItsLastGather) {
   TempDir parent;
   const std::string path = parent.path() + "/rendezvous";

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/core/file_descriptor.h"
@@ -23,12 +24,50 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// File names: keys are "k-<key>", temporaries "tmp-<pid>-<n>", and add() locks "lock".
+// File names: keys are "k-<key>", temporaries "tmp-<pid>-<n>", the stores' processes
+// "pid-<pid>", and add() and sign_in() lock "lock".
 constexpr const char* kKeyPrefix = "k-";
 constexpr const char* kTempPrefix = "tmp-";
+constexpr const char* kMemberPrefix = "pid-";
 constexpr const char* kLockName = "lock";
 
 bool starts_with(const char* name, const char* prefix) { return std::strncmp(name, prefix, std::strlen(prefix)) == 0; }
+
+bool store_file(const char* name) {
+  return starts_with(name, kKeyPrefix) || starts_with(name, kTempPrefix) || starts_with(name, kMemberPrefix);
+}
+
+// When the process started (clock ticks after boot, /proc/<pid>/stat's 22nd field), or
+// empty when there is no such process: with the pid it names one process, not a later one
+// that got the same pid.
+std::string start_time_of(pid_t pid) {
+  FileDescriptor file(::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC));
+  if (file.get() < 0) return "";
+  char buffer[1024];
+  const ssize_t n = ::read(file.get(), buffer, sizeof(buffer) - 1);
+  if (n <= 0) return "";
+  const std::string stat(buffer, static_cast<size_t>(n));
+  // After the command, which is in parentheses and may hold anything, field 3 follows.
+  size_t at = stat.rfind(')');
+  for (int field = 2; field < 22 && at != std::string::npos; ++field) at = stat.find(' ', at + 1);
+  if (at == std::string::npos) return "";
+  return stat.substr(at + 1, stat.find(' ', at + 1) - at - 1);
+}
+
+// An flock held for the object's life.
+class DirectoryLock {
+ public:
+  explicit DirectoryLock(const std::string& path) : file_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+    LOCKSTEP_CHECK(file_.get() >= 0) << "cannot open the store's lock file " << path << ": " << strerror(errno);
+    int locked = 0;
+    while ((locked = ::flock(file_.get(), LOCK_EX)) != 0 && errno == EINTR) {
+    }
+    LOCKSTEP_CHECK(locked == 0) << "cannot lock " << path << ": " << strerror(errno);
+  }
+
+ private:
+  FileDescriptor file_;  // closing it releases the lock
+};
 
 // The file's bytes, or nothing when it does not exist.
 std::optional<std::string> read_file(const std::string& path) {
@@ -65,6 +104,31 @@ FileStore::FileStore(std::string directory, bool remove_on_destroy)
   LOCKSTEP_CHECK(info.st_uid == ::geteuid())
       << "the rendezvous directory " << directory_ << " belongs to user id " << info.st_uid << ", not to this user ("
       << ::geteuid() << "); remove it, or set MASTER_ADDR/MASTER_PORT to meet over TCP instead";
+  sign_in();
+}
+
+void FileStore::sign_in() {
+  const DirectoryLock lock(directory_ + "/" + kLockName);
+  std::vector<std::string> files;
+  bool someone_alive = false;
+  if (DIR* listing = ::opendir(directory_.c_str())) {
+    while (const dirent* entry = ::readdir(listing)) {
+      const char* name = entry->d_name;
+      if (!store_file(name)) continue;
+      files.emplace_back(name);
+      if (starts_with(name, kMemberPrefix)) {
+        const pid_t pid = static_cast<pid_t>(std::atoll(name + std::strlen(kMemberPrefix)));
+        const std::optional<std::string> started = read_file(directory_ + "/" + name);
+        someone_alive = someone_alive || (pid > 0 && started && !started->empty() && *started == start_time_of(pid));
+      }
+    }
+    ::closedir(listing);
+  }
+  // Every process that wrote here is gone: what it left belongs to a job that is over.
+  if (!someone_alive) {
+    for (const std::string& name : files) ::unlink((directory_ + "/" + name).c_str());
+  }
+  write_atomically(directory_ + "/" + kMemberPrefix + std::to_string(::getpid()), start_time_of(::getpid()));
 }
 
 FileStore::~FileStore() {
@@ -137,17 +201,11 @@ std::string FileStore::get(const std::string& key, std::chrono::milliseconds tim
 
 int64_t FileStore::add(const std::string& key, int64_t delta) {
   const std::string path = path_of(key);
-  const std::string lock_path = directory_ + "/" + kLockName;
-  FileDescriptor lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  LOCKSTEP_CHECK(lock.get() >= 0) << "cannot open the store's lock file " << lock_path << ": " << strerror(errno);
-  int locked = 0;
-  while ((locked = ::flock(lock.get(), LOCK_EX)) != 0 && errno == EINTR) {
-  }
-  LOCKSTEP_CHECK(locked == 0) << "cannot lock " << lock_path << ": " << strerror(errno);
+  const DirectoryLock lock(directory_ + "/" + kLockName);
   int64_t total = delta;
   if (std::optional<std::string> value = read_file(path)) total += detail::parse_counter(key, *value);
   write_atomically(path, std::to_string(total));
-  return total;  // closing the lock file releases the lock
+  return total;
 }
 
 bool FileStore::check(const std::string& key) { return ::access(path_of(key).c_str(), F_OK) == 0; }
@@ -156,7 +214,7 @@ void FileStore::remove_directory() noexcept {
   if (DIR* listing = ::opendir(directory_.c_str())) {
     while (const dirent* entry = ::readdir(listing)) {
       const char* name = entry->d_name;
-      if (starts_with(name, kKeyPrefix) || starts_with(name, kTempPrefix) || std::strcmp(name, kLockName) == 0) {
+      if (store_file(name) || std::strcmp(name, kLockName) == 0) {
         ::unlink((directory_ + "/" + name).c_str());
       }
     }

@@ -14,7 +14,10 @@ namespace lockstep::comm {
 class FileStore : public Store {
  public:
   // Creates directory (its parent must exist) unless it is there; it must be this user's,
-  // since whoever can write it can feed the ranks keys. remove_on_destroy: the destructor
+  // since whoever can write it can feed the ranks keys. Each store signs in with a file
+  // naming its process; a directory whose processes have all ended (a job whose rank 0 was
+  // killed before it could clean up) is emptied first, so a later job of the same id does
+  // not read its keys. remove_on_destroy: the destructor
   // calls remove_directory(). rendezvous_store() gives that to rank 0 alone, whose store,
   // like a TcpStore's server, must then outlive every other rank's use of it.
   explicit FileStore(std::string directory, bool remove_on_destroy = false);
@@ -35,6 +38,8 @@ class FileStore : public Store {
 
  private:
   std::string path_of(const std::string& key) const;
+  // Under the lock: empties a directory left by processes that are gone, then signs in.
+  void sign_in();
   // Writes value to a temporary file and renames it to path.
   void write_atomically(const std::string& path, const std::string& value) const;
 
