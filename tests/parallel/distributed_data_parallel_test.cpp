@@ -159,6 +159,22 @@ TEST(DistributedDataParallel, AFailingRankStopsTheOthersNamingItself) {
   EXPECT_NE(errors[0].find("rank 1"), std::string::npos) << errors[0];
 }
 
+// A rank that fails outside a step (a checkpoint it cannot write) gives up: the others
+// learn why in their next collective, not at its timeout.
+TEST(DistributedDataParallel, ARankThatGivesUpFailsTheOthersWithItsReason) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    comm->set_timeout(std::chrono::minutes(2));
+    auto model = nn::make_model("mlp", kSeed);
+    DistributedDataParallel ddp(model, sgd, comm, {.loss = classification(), .micro_batch = 4});
+    if (rank == 0) {
+      ddp.give_up("cannot write checkpoint-3.safetensors: No space left on device");
+      return;
+    }
+    ddp.max_over_processes(0);  // the step boundary's agreement
+  });
+  EXPECT_NE(errors[1].find("rank 0: cannot write checkpoint-3.safetensors"), std::string::npos) << errors[1];
+}
+
 TEST(DistributedDataParallel, LayoutsTheTreeCannotTakeAreExplained) {
   const auto errors = run_ranks(2, [&](int, std::shared_ptr<comm::Communicator> comm) {
     auto model = nn::make_model("mlp", kSeed);

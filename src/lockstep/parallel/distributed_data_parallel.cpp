@@ -271,4 +271,8 @@ int64_t DistributedDataParallel::max_over_processes(int64_t value) {
   return static_cast<int64_t>(flag.item());
 }
 
+void DistributedDataParallel::give_up(const std::string& reason) {
+  comm_->abort("rank " + std::to_string(comm_->rank()) + ": " + reason);
+}
+
 }  // namespace lockstep::parallel

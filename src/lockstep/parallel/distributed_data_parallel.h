@@ -81,6 +81,7 @@ class DistributedDataParallel final : public Layout {
   void load_model_state(const NamedTensors& state) override { model_->load_state_dict(state); }
   std::vector<Device> local_devices() const override;
   int64_t max_over_processes(int64_t value) override;
+  void give_up(const std::string& reason) override;
   comm::Communicator& communicator() { return *comm_; }
   void set_lr(double lr) override;
   double lr() const override;

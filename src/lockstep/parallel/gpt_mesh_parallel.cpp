@@ -86,4 +86,8 @@ int64_t GptMeshParallel::max_over_processes(int64_t value) {
   return static_cast<int64_t>(flag.item());
 }
 
+void GptMeshParallel::give_up(const std::string& reason) {
+  if (options_.world) options_.world->abort("rank " + std::to_string(options_.world->rank()) + ": " + reason);
+}
+
 }  // namespace lockstep::parallel

@@ -48,6 +48,7 @@ class GptMeshParallel final : public Layout {
   // cpu:r for each rank r this process drives.
   std::vector<Device> local_devices() const override;
   int64_t max_over_processes(int64_t value) override;
+  void give_up(const std::string& reason) override;
 
   const std::vector<std::unique_ptr<GptMeshRank>>& ranks() const { return ranks_; }
 

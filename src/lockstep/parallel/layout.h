@@ -5,6 +5,7 @@
 // optimizer state and their loading, and the devices it drives.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "lockstep/core/device.h"
@@ -50,6 +51,12 @@ class Layout {
   // agrees through it on when to save and stop (a signal reaches the ranks at different
   // steps).
   virtual int64_t max_over_processes(int64_t value) { return value; }
+
+  // This process gives up (its own code failed outside a step: a checkpoint it could not
+  // write, say): the other processes, waiting for it in their next collective, fail at once
+  // with `reason`, so the job's log shows the cause rather than a peer's timeout. Within one
+  // process, nothing to do.
+  virtual void give_up(const std::string& /*reason*/) {}
 };
 
 }  // namespace lockstep::parallel

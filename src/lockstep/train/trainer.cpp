@@ -87,6 +87,16 @@ std::optional<FoundCheckpoint> checkpoint_to_resume(const std::string& resume, c
 }
 
 TrainSummary Trainer::fit() {
+  try {
+    return run_fit();
+  } catch (const std::exception& error) {
+    // The other processes learn why at once, not at their collective's timeout.
+    layout_.give_up(error.what());
+    throw;
+  }
+}
+
+TrainSummary Trainer::run_fit() {
   // A short last batch is dropped: it would make a step whose tree depends on how it is cut.
   DataLoader loader(train_set_,
                     {.batch_size = options_.batch_size, .shuffle = true, .seed = options_.seed, .drop_last = true});

@@ -106,6 +106,7 @@ class Trainer {
 
  private:
   // Assembles the state (collective), and on the leader hands a copy of it to the writer.
+  TrainSummary run_fit();
   void save(int64_t step, const LoaderPosition& position, TrainSummary& summary);
 
   parallel::Layout& layout_;

@@ -119,6 +119,22 @@ std::map<std::string, std::string> torchrun_variables(const comm::LaunchInfo& in
   std::abort();
 }
 
+// The failure to name: the first seen, unless its rank's record holds a communication error
+// (its collective failed when a peer gave up) and a rank that failed of its own accord
+// (no such error: an exception of its own code, a signal) followed it.
+WorkerExit cause_of(const std::vector<WorkerExit>& failures,
+                    const std::vector<std::optional<comm::FlightReport>>& reports, const WorkerExit& first) {
+  auto of_its_own = [&](const WorkerExit& e) {
+    const size_t rank = static_cast<size_t>(e.rank);
+    return rank >= reports.size() || !reports[rank] || reports[rank]->failure.empty();
+  };
+  if (of_its_own(first)) return first;
+  for (const WorkerExit& e : failures) {
+    if (of_its_own(e)) return e;
+  }
+  return first;
+}
+
 }  // namespace
 
 int run_main(const std::vector<std::string>& args) {
@@ -280,7 +296,7 @@ int run_main(const std::vector<std::string>& args) {
     }
     WorkerGroup group(specs);
     bool hung = false;
-    std::string verdict;
+    std::vector<std::optional<comm::FlightReport>> reports;  // as the group was before it was stopped
     RunHooks hooks;
     hooks.check = [&] {
       if (g_verdict_asked) {
@@ -299,8 +315,7 @@ int run_main(const std::vector<std::string>& args) {
       if (first.rank < 0 && !hung) return;  // stopped by a signal to the launcher
       // The survivors' records catch up with the failure (they are written five times a second).
       std::this_thread::sleep_for(std::chrono::milliseconds(400));
-      verdict = hang_verdict(read_flight_reports(flight_dir, static_cast<int>(workers)), first.rank, first.describe(),
-                             comm::unix_ms_now());
+      reports = read_flight_reports(flight_dir, static_cast<int>(workers));
     };
     const WorkerExit failure = group.run(g_interrupted, g_stop_signal,
                                          std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1e3)), hooks);
@@ -309,27 +324,32 @@ int run_main(const std::vector<std::string>& args) {
       return 128 + g_stop_signal;
     }
     if (failure.rank < 0 && !hung) return 0;
+    const WorkerExit blamed = cause_of(group.early_failures(), reports, failure);
+    const std::string verdict =
+        hang_verdict(reports, hung ? -1 : blamed.rank, hung ? "" : blamed.describe(), comm::unix_ms_now());
 
     if (hung) {
       std::fprintf(stderr, "lockstep run: no rank has made progress for %g s (--hang-timeout); the group was stopped\n",
                    hang_seconds);
     } else {
-      std::fprintf(stderr, "lockstep run: rank %d failed first (%s); the other ranks were stopped\n", failure.rank,
-                   failure.describe().c_str());
+      const std::string followed =
+          blamed.rank == failure.rank ? "" : ", and rank " + std::to_string(failure.rank) + "'s failure followed";
+      std::fprintf(stderr, "lockstep run: rank %d failed %s(%s)%s; the other ranks were stopped\n", blamed.rank,
+                   followed.empty() ? "first " : "", blamed.describe().c_str(), followed.c_str());
     }
     if (!verdict.empty()) {
       std::fprintf(stderr, "  where: %s\n  flight records: %s\n", verdict.c_str(), flight_dir.c_str());
     }
     if (!hung) {
-      const std::vector<std::string> tail = group.last_lines(failure.rank);
+      const std::vector<std::string> tail = group.last_lines(blamed.rank);
       if (!tail.empty()) {
         std::fprintf(stderr, "  its last lines:\n");
         for (const std::string& line : tail) std::fprintf(stderr, "    %s\n", line.c_str());
       }
-      std::fprintf(stderr, "  its whole output: %s\n", specs[static_cast<size_t>(failure.rank)].log_path.c_str());
+      std::fprintf(stderr, "  its whole output: %s\n", specs[static_cast<size_t>(blamed.rank)].log_path.c_str());
     }
     // A hang ends with timeout(1)'s code.
-    const int code = hung ? 124 : failure.signal != 0 ? 128 + failure.signal : failure.exit_code;
+    const int code = hung ? 124 : blamed.signal != 0 ? 128 + blamed.signal : blamed.exit_code;
     if (attempt >= max_restarts) return code;
     std::fprintf(stderr, "lockstep run: restarting the group (%lld of %lld)\n", static_cast<long long>(attempt + 1),
                  static_cast<long long>(max_restarts));

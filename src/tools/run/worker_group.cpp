@@ -196,7 +196,9 @@ void WorkerGroup::reap(WorkerExit& first) {
     w.running = false;
     if (info.si_code == CLD_EXITED) w.exit.exit_code = info.si_status;
     if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) w.exit.signal = info.si_status;
-    if (!w.exit.ok() && first.rank < 0) first = w.exit;
+    if (w.exit.ok()) continue;
+    if (first.rank < 0) first = w.exit;
+    if (!stopping_) early_failures_.push_back(w.exit);
   }
 }
 
@@ -216,25 +218,27 @@ WorkerExit WorkerGroup::run(const volatile bool& interrupted, const volatile int
       if (w.running) return true;
     return false;
   };
-  bool stopping = false;
   Clock::time_point kill_at{};
   Clock::time_point next_check = Clock::now() + std::chrono::seconds(1);
   while (any_running()) {
     pump(50);
     reap(first);
     bool stop_asked = false;
-    if (!stopping && hooks.check && Clock::now() >= next_check) {
+    if (!stopping_ && hooks.check && Clock::now() >= next_check) {
       stop_asked = hooks.check();
       next_check = Clock::now() + std::chrono::seconds(1);
     }
-    if (!stopping && (first.rank >= 0 || interrupted || stop_asked)) {
+    if (!stopping_ && (first.rank >= 0 || interrupted || stop_asked)) {
       // One failed (or the launcher was told to stop): the others stop too.
-      stopping = true;
-      if (hooks.before_stop) hooks.before_stop(first);
+      if (hooks.before_stop) {
+        hooks.before_stop(first);
+        reap(first);  // who else failed meanwhile, of their own accord
+      }
+      stopping_ = true;
       signal_all(interrupted ? stop_signal : SIGTERM);
       kill_at = Clock::now() + grace;
     }
-    if (stopping && Clock::now() >= kill_at) signal_all(SIGKILL);
+    if (stopping_ && Clock::now() >= kill_at) signal_all(SIGKILL);
   }
   // What the workers printed last; a pipe something they started still holds open does not
   // keep the launcher waiting.

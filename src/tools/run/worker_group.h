@@ -60,6 +60,11 @@ class WorkerGroup {
   WorkerExit run(const volatile bool& interrupted, const volatile int& stop_signal, std::chrono::milliseconds grace,
                  const RunHooks& hooks = {});
 
+  // Every worker that failed before the group was told to stop, in the order seen: the
+  // first is not always the cause (a rank whose collective failed when its peer gave up can
+  // exit before that peer has).
+  const std::vector<WorkerExit>& early_failures() const { return early_failures_; }
+
   // The last lines worker `rank` printed (at most `count`).
   std::vector<std::string> last_lines(int rank) const;
 
@@ -81,8 +86,10 @@ class WorkerGroup {
   void signal_all(int signal);
 
   std::vector<Worker> workers_;
-  pid_t keeper_ = -1;   // kills the workers' groups when keeper_fd_ closes
-  int keeper_fd_ = -1;  // the write end of its pipe of pids
+  std::vector<WorkerExit> early_failures_;
+  bool stopping_ = false;  // the stop signals have gone out
+  pid_t keeper_ = -1;      // kills the workers' groups when keeper_fd_ closes
+  int keeper_fd_ = -1;     // the write end of its pipe of pids
 };
 
 }  // namespace lockstep::tools

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +41,15 @@ TEST(RunHangWorker, RankOneStopsComingInBackward) {
     world->all_reduce(x);
   }
   flight.set_step(4);
+  if (std::strcmp(worker_mode(), "run-give-up") == 0 && world->rank() == 0) {
+    // A failure of rank 0's own outside the collectives, whose peers learn of it at once
+    // and exit before rank 0 has.
+    const comm::FlightPhase saving("checkpoint");
+    world->abort("rank 0: cannot write checkpoint-4.safetensors: No space left on device");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::fprintf(stderr, "rank 0: cannot write checkpoint-4.safetensors: No space left on device\n");
+    std::exit(1);
+  }
   flight.set_micro_batch(1);
   const comm::FlightPhase phase("backward");
   if (world->rank() == 1) {
@@ -92,6 +102,15 @@ TEST_F(RunHang, AKilledRankIsNamedWithWhereItWas) {
                           "ranks 0, 2 wait"),  // still, or until their all_reduce failed with rank 1's death
             std::string::npos)
       << r.output;
+}
+
+// The rank whose own failure made the others fail is named, though they ended first.
+TEST_F(RunHang, TheRankThatGaveUpIsNamedNotThePeersThatFollowed) {
+  const Result r = launch_workers("", "run-give-up");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("lockstep run: rank 0 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("where: rank 0 failed (exit code 1) in checkpoint of step 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("No space left on device"), std::string::npos) << r.output;
 }
 
 // Lockstep's own ddp training with rank 1 frozen by SIGSTOP mid-run: the launcher sees no
