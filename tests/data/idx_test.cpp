@@ -155,6 +155,28 @@ TEST(Idx, CorruptGzipStreamIsAnError) {
   bad_crc[packed.size() - 8] ^= 0xFF;
   testing::write_bytes(dir.file("crc.gz"), bad_crc);
   expect_error([&] { read_idx(dir.file("crc.gz")); }, {dir.file("crc.gz"), "corrupt gzip stream"});
+
+  // Bytes after the gzip stream that are not another member.
+  Bytes trailing = packed;
+  for (const char c : std::string("GARBAGE")) trailing.push_back(static_cast<uint8_t>(c));
+  testing::write_bytes(dir.file("trailing.gz"), trailing);
+  expect_error([&] { read_idx(dir.file("trailing.gz")); },
+               {dir.file("trailing.gz"), "7 bytes after its gzip stream that are not gzip data"});
+}
+
+// Concatenated gzip members (`cat a.gz b.gz`) are one file, as gunzip reads them.
+TEST(Idx, GzipMembersInARowAreOneFile) {
+  TempDir dir;
+  const Bytes file = idx_bytes(0x08, {2, 3}, {1, 2, 3, 4, 5, 6});
+  testing::write_gzip(dir.file("head.gz"), Bytes(file.begin(), file.begin() + 9));
+  testing::write_gzip(dir.file("tail.gz"), Bytes(file.begin() + 9, file.end()));
+  Bytes joined = testing::read_bytes(dir.file("head.gz"));
+  const Bytes tail = testing::read_bytes(dir.file("tail.gz"));
+  joined.insert(joined.end(), tail.begin(), tail.end());
+  testing::write_bytes(dir.file("joined.gz"), joined);
+  const Tensor t = read_idx(dir.file("joined.gz"));
+  ASSERT_EQ(t.shape(), (Shape{2, 3}));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(t.data<uint8_t>()[i], i + 1);
 }
 
 }  // namespace

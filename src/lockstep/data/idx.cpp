@@ -1,6 +1,8 @@
 #include "lockstep/data/idx.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -10,6 +12,8 @@
 #include <limits>
 #include <sstream>
 #include <vector>
+
+#include "lockstep/core/file_descriptor.h"
 
 namespace lockstep {
 namespace {
@@ -30,72 +34,131 @@ constexpr IdxType kIdxTypes[] = {
 // most this much: a header promising more is truncated, and we say so without allocating it.
 int64_t max_uncompressed_bytes(int64_t compressed) { return compressed * 1040 + (int64_t{1} << 20); }
 
-// gzopen/gzread read gzip and plain files alike; this adds the checks and the messages.
+// Reads a plain file, or a gzip file (one member or several, as `cat a.gz b.gz` makes),
+// with zlib's inflate: anything after the last member is an error, where gzread would drop
+// it silently. This adds the checks and the messages.
 class IdxReader {
  public:
-  explicit IdxReader(const std::string& path) : path_(path) {
+  // O_NONBLOCK: a FIFO given as the file is refused below instead of blocking the open.
+  explicit IdxReader(const std::string& path)
+      : path_(path), file_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {
     struct stat info {};
-    if (::stat(path.c_str(), &info) != 0) {
+    if (file_.get() < 0 || ::fstat(file_.get(), &info) != 0) {
       const int err = errno;
       LOCKSTEP_FAIL() << "IDX file '" << path << "' cannot be opened: " << std::strerror(err);
     }
     LOCKSTEP_CHECK(S_ISREG(info.st_mode)) << "IDX file '" << path << "' is not a regular file";
     file_bytes_ = static_cast<int64_t>(info.st_size);
     LOCKSTEP_CHECK(file_bytes_ > 0) << "IDX file '" << path << "' is empty";
-    file_ = gzopen(path.c_str(), "rb");
-    if (file_ == nullptr) {
-      const int err = errno;
-      LOCKSTEP_FAIL() << "IDX file '" << path << "' cannot be opened: " << std::strerror(err);
+    input_.resize(1 << 17);
+    fill();
+    gzip_ = starts_gzip_member();
+    if (gzip_ && inflateInit2(&stream_, 15 + 16) != Z_OK) {
+      gzip_ = false;  // nothing for the destructor to end
+      LOCKSTEP_FAIL() << "IDX file '" << path << "': zlib cannot start inflating it (out of memory?)";
     }
-    gzbuffer(file_, 1 << 17);
   }
-  ~IdxReader() { gzclose(file_); }
+  ~IdxReader() {
+    if (gzip_) inflateEnd(&stream_);
+  }
   IdxReader(const IdxReader&) = delete;
   IdxReader& operator=(const IdxReader&) = delete;
 
   // Reads up to n bytes; fewer only at the end of the data. A damaged gzip stream throws.
   int64_t read(void* buffer, int64_t n) {
+    auto* out = static_cast<uint8_t*>(buffer);
     int64_t done = 0;
     while (done < n) {
-      const unsigned chunk = static_cast<unsigned>(std::min<int64_t>(n - done, int64_t{1} << 30));
-      const int got = gzread(file_, static_cast<char*>(buffer) + done, chunk);
-      if (got < 0) fail_corrupt(done);
-      done += got;
-      if (got == 0) break;
+      if (stream_.avail_in == 0 && !fill()) {
+        if (gzip_ && !between_members_) fail_corrupt(done, "unexpected end of file");
+        break;
+      }
+      if (!gzip_) {
+        const int64_t take = std::min<int64_t>(n - done, stream_.avail_in);
+        std::memcpy(out + done, stream_.next_in, static_cast<size_t>(take));
+        stream_.next_in += take;
+        stream_.avail_in -= static_cast<uInt>(take);
+        done += take;
+        continue;
+      }
+      if (between_members_) {
+        // Another member follows, or the file must end here.
+        if (!starts_gzip_member()) {
+          LOCKSTEP_FAIL() << "IDX file '" << path_ << "' has " << file_bytes_ - read_bytes_ + stream_.avail_in
+                          << " bytes after its gzip stream that are not gzip data; the file is damaged, download "
+                             "it again";
+        }
+        inflateReset(&stream_);
+        between_members_ = false;
+      }
+      const uInt room = static_cast<uInt>(std::min<int64_t>(n - done, int64_t{1} << 30));
+      stream_.next_out = out + done;
+      stream_.avail_out = room;
+      const int status = inflate(&stream_, Z_NO_FLUSH);
+      done += room - stream_.avail_out;
+      if (status == Z_STREAM_END) {
+        between_members_ = true;
+      } else if (status != Z_OK && status != Z_BUF_ERROR) {
+        fail_corrupt(done, stream_.msg != nullptr ? stream_.msg : "inflate failed");
+      }
     }
-    if (done < n) check_stream(done);
     consumed_ += done;
     return done;
   }
 
   // The most payload bytes this file can still hold.
-  int64_t capacity() const {
-    return gzdirect(file_) ? file_bytes_ - consumed_ : max_uncompressed_bytes(file_bytes_) - consumed_;
-  }
+  int64_t capacity() const { return gzip_ ? max_uncompressed_bytes(file_bytes_) - consumed_ : file_bytes_ - consumed_; }
 
   const std::string& path() const { return path_; }
 
  private:
-  // A gzip stream that ends early reports Z_BUF_ERROR; one with bad data Z_DATA_ERROR.
-  void check_stream(int64_t done) {
-    int errnum = Z_OK;
-    gzerror(file_, &errnum);
-    if (errnum != Z_OK) fail_corrupt(done);
+  // Reads the next piece of the file when the last is used up; false at its end.
+  bool fill() {
+    if (stream_.avail_in > 0) return true;
+    ssize_t got;
+    while ((got = ::read(file_.get(), input_.data(), input_.size())) < 0 && errno == EINTR) {
+    }
+    if (got < 0) {
+      const int err = errno;
+      LOCKSTEP_FAIL() << "IDX file '" << path_ << "' cannot be read: " << std::strerror(err);
+    }
+    read_bytes_ += got;
+    stream_.next_in = input_.data();
+    stream_.avail_in = static_cast<uInt>(got);
+    return got > 0;
   }
 
-  [[noreturn]] void fail_corrupt(int64_t done) {
-    int errnum = Z_OK;
-    std::string message = gzerror(file_, &errnum);
-    // zlib prefixes its message with the path, which ours already names.
-    if (message.rfind(path_ + ": ", 0) == 0) message.erase(0, path_.size() + 2);
-    LOCKSTEP_FAIL() << "IDX file '" << path_ << "': corrupt gzip stream (" << message << ") after " << consumed_ + done
+  // Whether the unread input starts with gzip's magic bytes (1f 8b), the second perhaps in
+  // the next piece of the file.
+  bool starts_gzip_member() {
+    if (stream_.avail_in == 0 && !fill()) return false;
+    if (stream_.next_in[0] != 0x1f) return false;
+    if (stream_.avail_in >= 2) return stream_.next_in[1] == 0x8b;
+    const uint8_t first = stream_.next_in[0];
+    stream_.avail_in = 0;
+    if (!fill()) return false;
+    // inflate must see both bytes: put the first back in front of the second.
+    std::memmove(input_.data() + 1, input_.data(), stream_.avail_in);
+    input_[0] = first;
+    stream_.next_in = input_.data();
+    ++stream_.avail_in;
+    return input_[1] == 0x8b;
+  }
+
+  [[noreturn]] void fail_corrupt(int64_t done, const std::string& why) {
+    LOCKSTEP_FAIL() << "IDX file '" << path_ << "': corrupt gzip stream (" << why << ") after " << consumed_ + done
                     << " uncompressed bytes; the file is damaged or incomplete, download it again";
     std::abort();  // unreachable: the line above throws
   }
 
   std::string path_;
-  gzFile file_ = nullptr;
+  FileDescriptor file_;
+  std::vector<uint8_t> input_;
+  z_stream stream_{};
+  bool gzip_ = false;
+  bool between_members_ = false;  // a member ended; the next must start here, or the file end
   int64_t file_bytes_ = 0;
+  int64_t read_bytes_ = 0;  // of the file, into input_
   int64_t consumed_ = 0;
 };
 
