@@ -87,6 +87,10 @@ TEST(GptModel, ParameterNamesShapesAndCount) {
   const int64_t w = c.width;
   const int64_t per_block = 4 * w + (3 * w * w + 3 * w) + (w * w + w) + (4 * w * w + 4 * w) + (4 * w * w + w);
   EXPECT_EQ(model.num_parameters(), c.vocab * w + c.context * w + c.layers * per_block + 2 * w);
+  // The planner's count, computed without building, is the built model's.
+  EXPECT_EQ(nn::gpt_parameter_count(c), static_cast<double>(model.num_parameters()));
+  EXPECT_EQ(nn::gpt_parameter_count(nn::gpt_preset("gpt2-124m")),
+            static_cast<double>(Gpt(nn::gpt_preset("gpt2-124m")).num_parameters()));
 }
 
 TEST(GptModel, LaterTokensLeaveEarlierLogitsBitIdentical) {

@@ -92,6 +92,14 @@ void check_gpt_config(const GptConfig& c) {
 
 // Linear's constructor initialized with Linear's own reset_parameter (virtual calls in a base
 // constructor do not reach the derived class); redo it, so the layer alone is GPT-2's too.
+double gpt_parameter_count(const GptConfig& c) {
+  const double w = static_cast<double>(c.width);
+  // Embeddings (the head is tied to wte); per block two LayerNorms (2w each), attention
+  // (w x 3w and w x w, with biases) and the MLP (w x 4w and 4w x w, with biases); ln_f.
+  const double block = 12 * w * w + 13 * w;
+  return static_cast<double>(c.vocab + c.context) * w + static_cast<double>(c.layers) * block + 2 * w;
+}
+
 GptLinear::GptLinear(int64_t in, int64_t out, double stddev) : Linear(in, out), weight_stddev(stddev) {
   initialize(*this, 0);
 }

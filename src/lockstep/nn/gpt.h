@@ -35,6 +35,9 @@ std::vector<std::string> gpt_preset_names();
 // Throws an Error naming the first value that cannot build a model (non-positive sizes, a
 // width the heads do not divide).
 void check_gpt_config(const GptConfig& config);
+// The model's parameter count, computed (not built; a double, so no shape overflows it):
+// what a planner checks against memory before it allocates.
+double gpt_parameter_count(const GptConfig& config);
 
 // GPT-2's init: weights N(0, stddev), bias zero. A Linear of its own so nn::initialize (which
 // asks each parameter's owner) draws GPT-2's values instead of PyTorch's Linear default.

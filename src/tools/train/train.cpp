@@ -6,6 +6,7 @@
 // one device or many, takes the same tree-shaped step, so `weights_sha256` depends on
 // (seed, batch, micro-batch) and not on the device count.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -118,7 +119,10 @@ nlohmann::json memory_json(const std::vector<std::string>& names, const std::vec
 
 TrainEnvironment environment_of(const TrainOptions& flags) {
   TrainEnvironment environment{
-      .launch = comm::launch_info_from_env(), .visible_gpus = cuda::device_count(), .host_cores = host_cores()};
+      .launch = comm::launch_info_from_env(),
+      .visible_gpus = cuda::device_count(),
+      .host_cores = host_cores(),
+      .host_memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE)};
   if (!flags.resume_dir.empty()) {
     // "auto": --out's checkpoint if it has one (a first start has none); else the folder's.
     const bool automatic = flags.resume_dir == "auto";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <tuple>
 
 #include "lockstep/nn/models.h"
@@ -253,6 +254,19 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
     s.heads = plan.gpt.heads;
     s.width = plan.gpt.width;
     s.context = plan.gpt.context;
+    // Shapes from flags or from a checkpoint's metadata: one that cannot fit is refused here,
+    // not after minutes of allocating its blocks.
+    const double parameters = nn::gpt_parameter_count(plan.gpt);
+    const double memory = static_cast<double>(environment.host_memory_bytes);
+    if (memory > 0 && parameters * 4 > memory) {
+      char text[160];
+      std::snprintf(text, sizeof(text),
+                    "has %.3g parameters, %.1f GiB in f32 for its weights alone, more than this "
+                    "host's %.1f GiB of memory",
+                    parameters, parameters * 4 / (1 << 30), memory / (1 << 30));
+      throw UsageError("--model gpt with " + std::to_string(plan.gpt.layers) + " layers of width " +
+                       std::to_string(plan.gpt.width) + " " + text + ": use fewer --layers or a smaller --width");
+    }
   }
 
   const bool launched = environment.launch.world_size > 1;

@@ -21,6 +21,7 @@ struct TrainEnvironment {
   comm::LaunchInfo launch;  // a launched job's rank and world; world_size 1 when started alone
   int visible_gpus = 0;
   int host_cores = 1;
+  int64_t host_memory_bytes = 0;  // physical memory; 0 when unknown
   // The metadata of --resume's newest checkpoint (the run loads the newest intact one),
   // and its path; none for a fresh start (also --resume auto in a folder without one).
   std::string checkpoint_path = "";

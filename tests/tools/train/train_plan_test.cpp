@@ -241,5 +241,37 @@ TEST(TrainPlan, OutOfRangeValuesAreUsageErrors) {
             std::string::npos);
 }
 
+// A GPT too large for the host is refused before a block is allocated, whether its shape
+// comes from the flags or from a checkpoint's metadata.
+TEST(TrainPlan, AModelLargerThanTheHostsMemoryIsRefused) {
+  TrainEnvironment environment = host(2);
+  environment.host_memory_bytes = int64_t{8} << 30;
+  Command huge;
+  huge.flags.model = "gpt";
+  huge.flags.layers = 100000;
+  huge.flags.width = 1024;
+  huge.flags.heads = 8;
+  huge.given = {"model", "layers", "width", "heads"};
+  const std::string error = usage_error(huge, environment);
+  EXPECT_NE(error.find("100000 layers of width 1024"), std::string::npos) << error;
+  EXPECT_NE(error.find("more than this host's 8.0 GiB of memory"), std::string::npos) << error;
+
+  TrainOptions small;
+  small.model = "gpt";
+  Metadata checkpoint = train_recipe(plan({.flags = small, .given = {"model"}}, environment).settings);
+  checkpoint["seed"] = "0";
+  checkpoint["batch_size"] = "64";
+  checkpoint["layers"] = "1000000000";
+  environment.checkpoint_path = "runs/a/checkpoint.safetensors";
+  environment.checkpoint = checkpoint;
+  Command resume;
+  resume.flags.resume_dir = "runs/a";
+  resume.given = {"resume"};
+  EXPECT_NE(usage_error(resume, environment).find("1000000000 layers"), std::string::npos);
+
+  environment.checkpoint->at("layers") = "2";  // what fits is planned
+  EXPECT_EQ(plan(resume, environment).gpt.layers, 2);
+}
+
 }  // namespace
 }  // namespace lockstep::tools
