@@ -278,6 +278,38 @@ TEST(GptMesh, TheMeshLayoutDrivesEveryRankAndMovesBetweenMeshes) {
   expect_same_bits(second.optimizer_state(), one.optimizer_state, "optimizer state");
 }
 
+// What a checkpoint needs, assembled on one rank from the pieces the others send: the same
+// entries and bits as the gather every rank takes part in, tensor-parallel shards included.
+TEST(GptMesh, GatheringOnOneRankGivesWhatEveryRankWouldGet) {
+  const auto make = [] { return std::make_shared<nn::Gpt>(kFourBlocks, kSeed); };
+  GptMeshOptions options = with_mesh({.dp = 2, .tp = 2, .pp = 2});
+  options.micro_batch = kMicro;
+  GptMeshParallel mesh({.mesh = options}, make, adamw);
+  EXPECT_TRUE(mesh.optimizer_state_on(0).empty() || mesh.optimizer_state_on(0).size() == 1u);  // before a step
+  for (uint64_t s = 0; s < 2; ++s) {
+    const Batch b = batch_at(s, kFourBlocks.context);
+    mesh.step({{"tokens", b.tokens}, {"targets", b.targets}},
+              {.seed = kSeed, .step = s, .first_sample = static_cast<int64_t>(s) * kBatch});
+  }
+  const NamedTensors everywhere = mesh.optimizer_state();
+  const NamedTensors on_root = mesh.optimizer_state_on(0);
+  ASSERT_EQ(on_root.size(), everywhere.size());
+  for (size_t i = 0; i < on_root.size(); ++i) EXPECT_EQ(on_root[i].first, everywhere[i].first);
+  // A parameter's step counter is the steps taken, however many tensor-parallel ranks hold
+  // a shard of it.
+  for (const auto& [key, tensor] : on_root) {
+    if (key.size() > 5 && key.substr(key.size() - 5) == ".step") {
+      EXPECT_EQ(tensor.to(DType::f64).contiguous().data<double>()[0], 2.0) << key;
+    }
+  }
+  expect_same_bits(on_root, everywhere, "optimizer state on rank 0");
+  nn::Module* model = mesh.model_on(0);
+  ASSERT_NE(model, nullptr);
+  expect_same_bits(model->state_dict(), mesh.model().state_dict(), "weights on rank 0");
+  // Another root: the pieces go there instead.
+  expect_same_bits(mesh.optimizer_state_on(5), everywhere, "optimizer state on rank 5");
+}
+
 TEST(GptMesh, UnevenSplitsAreErrorsThatSayWhatDividesWhat) {
   const auto error_of = [](const nn::GptConfig& config, const GptMeshOptions& options) {
     const std::vector<std::string> errors = run_ranks(options.mesh.size(), [&](int r, const auto& world) {

@@ -1,8 +1,6 @@
 #include "lockstep/parallel/gpt_mesh.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <map>
 #include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
@@ -17,53 +15,6 @@ namespace {
 // Point-to-point tags: each pair of stages sees its messages in the order sent, and the
 // tag checks that both sides agree on what comes next.
 enum Tag : int { kActivation = 0, kGradient = 1, kTiedGradient = 2, kTiedWeight = 3 };
-
-// The position of the optimizer's slot named `name`, or slots.size() when it has none.
-size_t slot_index(const std::vector<optim::StateSlot>& slots, const std::string& name) {
-  size_t s = 0;
-  while (s < slots.size() && slots[s].name != name) ++s;
-  return s;
-}
-
-// Writes a shard (rank `rank` of `ranks`'s, cut as `spec` says) into its place in `full`.
-void place_shard(const Tensor& full, const Tensor& shard, const ShardSpec& spec, int rank, int ranks) {
-  if (spec.axis < 0) {
-    full.copy_from(shard);
-    return;
-  }
-  const int64_t n = full.size(spec.axis) / spec.parts, size = n / ranks;
-  for (int64_t p = 0; p < spec.parts; ++p) {
-    const int64_t begin = p * n + size * rank;
-    slice(full, spec.axis, begin, begin + size).copy_from(slice(shard, spec.axis, p * size, (p + 1) * size));
-  }
-}
-
-// Tensors of the given shapes, views of one buffer that every rank fills with the additive
-// identity of its dtype — -0.0 for floats: x + (-0.0) is x, +0.0 and -0.0 included, where
-// x + (+0.0) would turn a -0.0 into +0.0. Each element's owner writes its value, and one
-// all-reduce gives every rank the owners' very bits.
-class OwnersSum {
- public:
-  OwnersSum(const std::vector<Shape>& shapes, DType dtype) {
-    int64_t total = 0;
-    for (const Shape& shape : shapes) total += numel(shape);
-    buffer_ = Tensor::empty({total}, dtype);
-    buffer_.fill(dtype == DType::f32 || dtype == DType::f64 ? -0.0 : 0.0);
-    int64_t offset = 0;
-    for (const Shape& shape : shapes) {
-      views_.push_back(buffer_.as_strided(shape, contiguous_strides(shape), offset));
-      offset += numel(shape);
-    }
-  }
-  const Tensor& operator[](size_t i) const { return views_[i]; }
-  void all_reduce(comm::Communicator& comm) const {
-    if (buffer_.numel() > 0) comm.all_reduce(buffer_);
-  }
-
- private:
-  Tensor buffer_;
-  std::vector<Tensor> views_;
-};
 
 }  // namespace
 
@@ -239,125 +190,6 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
   if (part.last() && !part.first()) pp.recv(part.head_weight, 0, kTiedWeight);
   times.communicate += seconds_since(start);
   return outcome;
-}
-
-NamedTensors GptMeshRank::gather_full_weights() {
-  const MeshCoord c = mesh_.coord();
-  const std::vector<ShardSpec> specs = stage_->shard_specs();
-  const std::vector<Tensor> local = stage_->parameters();
-  std::vector<Shape> shapes;
-  for (const auto& [name, shape] : full_parameters_) shapes.push_back(shape);
-  const OwnersSum full(shapes, DType::f32);
-  NoGradGuard no_grad;
-  // Replica 0 owns the weights; a replicated tensor, its tensor-parallel rank 0.
-  if (c.dp == 0) {
-    for (size_t i = 0; i < local.size(); ++i) {
-      if (specs[i].axis >= 0 || c.tp == 0)
-        place_shard(full[full_index_[i]], local[i], specs[i], c.tp, mesh_.shape().tp);
-    }
-  }
-  full.all_reduce(*mesh_.world());
-  NamedTensors out;
-  for (size_t f = 0; f < full_parameters_.size(); ++f) out.emplace_back(full_parameters_[f].first, full[f]);
-  return out;
-}
-
-NamedTensors GptMeshRank::gather_full_optimizer_state() {
-  const MeshCoord c = mesh_.coord();
-  const std::vector<ShardSpec> specs = stage_->shard_specs();
-  const std::vector<optim::StateSlot>& slots = optimizer_->slots();
-  // Every (parameter, slot) of the full model on every rank — per-element state in one
-  // float buffer, counters in an integer one — with a count of the ranks that own each: a
-  // slot no rank has yet (no step taken) is left out, as an unsharded optimizer leaves it out.
-  struct Entry {
-    size_t parameter, slot, index;  // index: in `values` or `counters`, by the slot's kind
-  };
-  std::vector<Entry> entries;
-  std::vector<Shape> value_shapes, counter_shapes;
-  for (size_t f = 0; f < full_parameters_.size(); ++f) {
-    for (size_t s = 0; s < slots.size(); ++s) {
-      std::vector<Shape>& shapes = slots[s].per_element ? value_shapes : counter_shapes;
-      entries.push_back({f, s, shapes.size()});
-      shapes.push_back(slots[s].per_element ? full_parameters_[f].second : Shape{});
-    }
-  }
-  const OwnersSum values(value_shapes, DType::f32), counters(counter_shapes, DType::i64);
-  const OwnersSum owners({Shape{static_cast<int64_t>(entries.size())}}, DType::i64);
-  const auto place = [&](const Entry& entry) -> const Tensor& {
-    return slots[entry.slot].per_element ? values[entry.index] : counters[entry.index];
-  };
-  Tensor step;
-  for (const auto& [key, tensor] : optimizer_->state_dict()) {
-    size_t index = 0;
-    std::string slot;
-    if (!optim::parse_state_key(key, index, slot)) {
-      step = tensor.to(Device::cpu()).clone();  // "step": the same on every rank
-      continue;
-    }
-    if (c.dp != 0 || (specs[index].axis < 0 && c.tp != 0)) continue;
-    const size_t s = slot_index(slots, slot);
-    const size_t e = full_index_[index] * slots.size() + s;
-    if (slots[s].per_element) {
-      place_shard(place(entries[e]), tensor, specs[index], c.tp, mesh_.shape().tp);
-    } else {
-      place(entries[e]).copy_from(tensor);
-    }
-    owners[0].data<int64_t>()[e] = 1;
-  }
-  comm::Communicator& world = *mesh_.world();
-  owners.all_reduce(world);
-  values.all_reduce(world);
-  counters.all_reduce(world);
-  NamedTensors full;
-  if (step.defined()) full.emplace_back("step", step);
-  for (size_t e = 0; e < entries.size(); ++e) {
-    if (owners[0].data<int64_t>()[e] == 0) continue;
-    full.emplace_back(optim::state_key(entries[e].parameter, slots[entries[e].slot].name), place(entries[e]));
-  }
-  return full;
-}
-
-void GptMeshRank::load_full_weights(const NamedTensors& weights) {
-  const int tp_rank = mesh_.coord().tp, tp_size = mesh_.shape().tp;
-  const std::vector<ShardSpec> specs = stage_->shard_specs();
-  const auto full_tensor = [&](const std::string& name) -> const Tensor& {
-    for (const auto& [key, tensor] : weights)
-      if (key == name) return tensor;
-    LOCKSTEP_FAIL() << "the full model's weights have no " << name;
-    std::abort();  // unreachable: the line above throws
-  };
-  NoGradGuard no_grad;
-  const std::vector<Tensor> local = stage_->parameters();
-  for (size_t i = 0; i < local.size(); ++i) {
-    local[i].copy_from(shard_of(full_tensor(specs[i].full_name), specs[i], tp_rank, tp_size));
-  }
-  if (stage_->last() && !stage_->first()) {
-    stage_->head_weight.copy_from(shard_of(full_tensor("wte.weight"), ShardSpec{"wte.weight", 0}, tp_rank, tp_size));
-  }
-}
-
-void GptMeshRank::load_full_optimizer_state(const NamedTensors& optimizer_state) {
-  const int tp_rank = mesh_.coord().tp, tp_size = mesh_.shape().tp;
-  const std::vector<ShardSpec> specs = stage_->shard_specs();
-  // Full parameter index -> this rank's.
-  std::map<size_t, size_t> local_index;
-  for (size_t j = 0; j < full_index_.size(); ++j) local_index[full_index_[j]] = j;
-  NamedTensors state;
-  for (const auto& [key, tensor] : optimizer_state) {
-    size_t index = 0;
-    std::string slot;
-    if (!optim::parse_state_key(key, index, slot)) {
-      state.emplace_back(key, tensor);
-      continue;
-    }
-    const auto it = local_index.find(index);
-    if (it == local_index.end()) continue;                   // another stage's parameter
-    const size_t s = slot_index(optimizer_->slots(), slot);  // an unknown slot: load_state_dict names it
-    const bool per_element = s < optimizer_->slots().size() && optimizer_->slots()[s].per_element;
-    state.emplace_back(optim::state_key(it->second, slot),
-                       per_element ? shard_of(tensor, specs[it->second], tp_rank, tp_size) : tensor);
-  }
-  optimizer_->load_state_dict(state);
 }
 
 }  // namespace lockstep::parallel

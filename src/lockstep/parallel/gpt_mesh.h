@@ -71,11 +71,22 @@ class GptMeshRank {
   // the optimizer state as one unsharded optimizer over them holds it.
   NamedTensors gather_full_weights();
   NamedTensors gather_full_optimizer_state();
+  // The same, assembled on world rank `root` alone from the pieces each rank sends (the
+  // others get an empty list and never hold more than their own part): what a checkpoint
+  // needs. The same entries and bits as above.
+  NamedTensors gather_full_weights_on(int root);
+  NamedTensors gather_full_optimizer_state_on(int root);
   // Takes this rank's part of them (no communication).
   void load_full_weights(const NamedTensors& weights);
   void load_full_optimizer_state(const NamedTensors& optimizer_state);
 
  private:
+  // Whether this rank's copy of a parameter cut as `spec` is the one the gathers take:
+  // replica 0's, and of a replicated tensor, tensor-parallel rank 0's.
+  bool owns(const ShardSpec& spec) const;
+  // The shape of one tensor-parallel shard of full parameter `parameter` along `axis`.
+  Shape shard_shape(size_t parameter, int64_t axis) const;
+
   GptMeshOptions options_;
   DeviceMesh mesh_;
   Device device_;

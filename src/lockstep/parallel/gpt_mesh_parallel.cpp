@@ -52,6 +52,18 @@ nn::Module& GptMeshParallel::model() {
   return *gathered_;
 }
 
+nn::Module* GptMeshParallel::model_on(int root) {
+  std::vector<NamedTensors> weights(ranks_.size());
+  run_local(
+      [&](int i) { weights[static_cast<size_t>(i)] = ranks_[static_cast<size_t>(i)]->gather_full_weights_on(root); });
+  // Under a launcher this process is one rank; else every rank is here, root among them.
+  const NamedTensors& full = weights[options_.world ? 0 : static_cast<size_t>(root)];
+  if (full.empty()) return nullptr;
+  gathered_on_root_ = make_model_();
+  gathered_on_root_->load_state_dict(full);
+  return gathered_on_root_.get();
+}
+
 void GptMeshParallel::load_model_state(const NamedTensors& state) {
   for (const auto& rank : ranks_) rank->load_full_weights(state);
 }
@@ -67,6 +79,14 @@ NamedTensors GptMeshParallel::optimizer_state() {
   run_local(
       [&](int i) { states[static_cast<size_t>(i)] = ranks_[static_cast<size_t>(i)]->gather_full_optimizer_state(); });
   return states[0];
+}
+
+NamedTensors GptMeshParallel::optimizer_state_on(int root) {
+  std::vector<NamedTensors> states(ranks_.size());
+  run_local([&](int i) {
+    states[static_cast<size_t>(i)] = ranks_[static_cast<size_t>(i)]->gather_full_optimizer_state_on(root);
+  });
+  return states[options_.world ? 0 : static_cast<size_t>(root)];
 }
 
 void GptMeshParallel::load_optimizer_state(const NamedTensors& state) {

@@ -40,10 +40,12 @@ class GptMeshParallel final : public Layout {
   StepResult step(const TensorBatch& global_batch, const StepContext& context) override;
   // The full model, gathered from the ranks each time it is asked for (collective).
   nn::Module& model() override;
+  nn::Module* model_on(int root) override;
   void load_model_state(const NamedTensors& state) override;
   void set_lr(double lr) override;
   double lr() const override;
   NamedTensors optimizer_state() override;
+  NamedTensors optimizer_state_on(int root) override;
   void load_optimizer_state(const NamedTensors& state) override;
   // cpu:r for each rank r this process drives.
   std::vector<Device> local_devices() const override;
@@ -61,6 +63,7 @@ class GptMeshParallel final : public Layout {
   std::unique_ptr<LocalRanks> local_;  // every rank here; null when this process is one rank
   std::vector<std::unique_ptr<GptMeshRank>> ranks_;
   std::shared_ptr<nn::Gpt> gathered_;
+  std::shared_ptr<nn::Gpt> gathered_on_root_;  // model_on's, apart: a model() reference stays valid
 };
 
 }  // namespace lockstep::parallel

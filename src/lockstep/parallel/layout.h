@@ -29,6 +29,10 @@ class Layout {
   // The whole model as one device holds it (device 0's replica; this rank's under ddp):
   // what is saved and evaluated.
   virtual nn::Module& model() = 0;
+  // The same on process `root`; elsewhere nullptr where the layout would have to assemble
+  // the model (a mesh's shards are sent to root alone), so no other rank holds a full copy:
+  // what a checkpoint written by root needs. Collective where the model is sharded.
+  virtual nn::Module* model_on(int /*root*/) { return &model(); }
   // Loads a full state_dict (parameters and buffers) into every replica this process holds.
   virtual void load_model_state(const NamedTensors& state) = 0;
 

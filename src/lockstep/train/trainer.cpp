@@ -201,7 +201,7 @@ TrainSummary Trainer::run_fit() {
     }
     if (step == options_.stop_at_step) stop = true;
     if (save_now && !stop) {
-      save(step, loader.position(), summary);
+      save(step, loader.position(), summary, /*last=*/false);
       last_save = std::chrono::steady_clock::now();
     }
   }
@@ -212,7 +212,7 @@ TrainSummary Trainer::run_fit() {
   if (on_trained) on_trained();
 
   // The end's checkpoint (or the stop's); its write is waited for, which holds no step.
-  save(step, summary.position, summary);
+  save(step, summary.position, summary, /*last=*/true);
   if (writer_) {
     writer_->wait();
     summary.checkpoints = writer_->writes();
@@ -237,18 +237,22 @@ TrainSummary Trainer::run_fit() {
   return summary;
 }
 
-void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& summary) {
+void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& summary, bool last) {
   const comm::FlightPhase phase("checkpoint");
   const auto start = std::chrono::steady_clock::now();
   // Collective under sharded layouts: the leader (process 0) assembles and writes; the
-  // others send their shards and keep no full copy. Without out_dir (the same on every
-  // process) nothing is written, and only the model is assembled, for trained_model().
-  const NamedTensors optimizer_state = options_.out_dir.empty() ? NamedTensors{} : layout_.optimizer_state_on(0);
-  nn::Module& model = layout_.model();
-  trained_ = &model;
+  // others send their shards and keep no full copy (but for the last save's model, which
+  // trained_model() gives every rank). Without out_dir (the same on every process) nothing
+  // is written, and only the last save assembles the model.
+  const bool writes = !options_.out_dir.empty();
+  if (!writes && !last) return;
+  const NamedTensors optimizer_state = writes ? layout_.optimizer_state_on(0) : NamedTensors{};
+  nn::Module* model = last ? &layout_.model() : layout_.model_on(0);
+  if (last) trained_ = model;
   if (writer_) {
+    LOCKSTEP_CHECK(model != nullptr) << "the layout assembled no model on process 0 for its checkpoint";
     NamedTensors tensors;
-    for (const auto& [name, tensor] : model.state_dict()) tensors.emplace_back(kModelPrefix + name, tensor);
+    for (const auto& [name, tensor] : model->state_dict()) tensors.emplace_back(kModelPrefix + name, tensor);
     for (const auto& [name, tensor] : optimizer_state) tensors.emplace_back(kOptimizerPrefix + name, tensor);
     Metadata metadata = options_.recipe;
     metadata["step"] = std::to_string(step);

@@ -107,7 +107,9 @@ class Trainer {
  private:
   // Assembles the state (collective), and on the leader hands a copy of it to the writer.
   TrainSummary run_fit();
-  void save(int64_t step, const LoaderPosition& position, TrainSummary& summary);
+  // A checkpoint at `step`; the last one (the end's, or a stop's) also assembles the model
+  // trained_model() gives on every rank.
+  void save(int64_t step, const LoaderPosition& position, TrainSummary& summary, bool last);
 
   parallel::Layout& layout_;
   std::shared_ptr<const Dataset> train_set_;
