@@ -6,6 +6,7 @@
 
 #include "lockstep/core/error.h"
 #include "tools/common/commands.h"
+#include "tools/common/error_file.h"
 
 namespace {
 
@@ -51,9 +52,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const lockstep::UsageError& e) {
     std::fprintf(stderr, "lockstep %s: %s\n", command.c_str(), e.what());
+    lockstep::tools::write_error_file("lockstep " + command + ": " + e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lockstep %s: error: %s\n", command.c_str(), e.what());
+    lockstep::tools::write_error_file("lockstep " + command + ": error: " + e.what());
     return 1;
   }
 }

@@ -76,14 +76,15 @@ void add(Clauses& clauses, const std::string& text, int rank, int64_t ms) {
 
 }  // namespace
 
-std::vector<std::optional<comm::FlightReport>> read_flight_reports(const std::string& dir, int workers) {
+std::vector<std::optional<comm::FlightReport>> read_flight_reports(const std::string& dir, int first_rank,
+                                                                   int workers) {
   std::vector<std::optional<FlightReport>> reports(static_cast<size_t>(std::max(0, workers)));
-  for (int r = 0; r < workers; ++r) {
-    std::ifstream in(std::filesystem::path(dir) / ("rank" + std::to_string(r) + ".flight.json"));
+  for (int i = 0; i < workers; ++i) {
+    std::ifstream in(std::filesystem::path(dir) / ("rank" + std::to_string(first_rank + i) + ".flight.json"));
     if (!in) continue;
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     try {
-      reports[static_cast<size_t>(r)] = comm::parse_flight_report(text);
+      reports[static_cast<size_t>(i)] = comm::parse_flight_report(text);
     } catch (const Error&) {
       // Torn or foreign: this rank has no record.
     }
@@ -100,7 +101,7 @@ int64_t newest_progress_ms(const std::vector<std::optional<comm::FlightReport>>&
 }
 
 std::string hang_verdict(const std::vector<std::optional<comm::FlightReport>>& reports, int failed_rank,
-                         const std::string& failure, int64_t now_ms) {
+                         const std::string& failure, int64_t now_ms, int first_rank) {
   if (newest_progress_ms(reports) == 0) return "";
   // How far each group's collectives have been issued by any of its ranks: a rank that
   // issued fewer on a group is behind there.
@@ -114,8 +115,9 @@ std::string hang_verdict(const std::vector<std::optional<comm::FlightReport>>& r
   std::string failed;
   Clauses frozen, holding_back, waiting, waited, elsewhere, exited;
   std::vector<int> silent;
-  for (int rank = 0; rank < static_cast<int>(reports.size()); ++rank) {
-    const auto& report = reports[static_cast<size_t>(rank)];
+  for (int i = 0; i < static_cast<int>(reports.size()); ++i) {
+    const int rank = first_rank + i;
+    const auto& report = reports[static_cast<size_t>(i)];
     const FlightCall* call = report ? held_in(*report) : nullptr;
     if (rank == failed_rank) {
       failed = "rank " + std::to_string(rank) + " failed (" + failure + ")";

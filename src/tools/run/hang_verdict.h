@@ -13,9 +13,9 @@
 
 namespace lockstep::tools {
 
-// DIR/rank<r>.flight.json for r in [0, workers): a rank without a readable record (not a
-// Lockstep program, not started yet, a torn file) has none.
-std::vector<std::optional<comm::FlightReport>> read_flight_reports(const std::string& dir, int workers);
+// DIR/rank<r>.flight.json for r in [first_rank, first_rank + workers): a rank without a
+// readable record (not a Lockstep program, not started yet, a torn file) has none.
+std::vector<std::optional<comm::FlightReport>> read_flight_reports(const std::string& dir, int first_rank, int workers);
 
 // The newest progress any rank reported (a call that ended, a phase that began); 0 when no
 // rank wrote a record.
@@ -23,10 +23,11 @@ int64_t newest_progress_ms(const std::vector<std::optional<comm::FlightReport>>&
 
 // One line: the failed rank (failed_rank >= 0, with how it ended), the ranks that hold the
 // others back and what they are doing, the collectives the others wait in and for how
-// long. reports[r] is rank r's. For example: "rank 1 holds the others back: it is in
+// long. reports[i] is rank first_rank + i's (a node of a multi-node job sees its own). For
+// example: "rank 1 holds the others back: it is in
 // backward of step 812, micro-batch 2, for 31 s; ranks 0, 2, 3 wait in all_reduce #4411
 // on world (1000 f32, sum) for 31 s". Empty when no rank wrote a record.
 std::string hang_verdict(const std::vector<std::optional<comm::FlightReport>>& reports, int failed_rank,
-                         const std::string& failure, int64_t now_ms);
+                         const std::string& failure, int64_t now_ms, int first_rank = 0);
 
 }  // namespace lockstep::tools

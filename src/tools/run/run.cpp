@@ -1,10 +1,13 @@
 // `lockstep run`: one process per device for any program, torchrun's contract.
 //
 //   lockstep run -n 2 [--gpus auto|0,2,3] [--min-free-memory 10G] [--log-dir DIR]
-//                [--max-restarts K] [--grace SECONDS] [--hang-timeout 5m] -- CMD ARGS...
+//                [--max-restarts K] [--grace SECONDS] [--hang-timeout 5m]
+//                [--nnodes N --node-rank R --master-addr HOST [--master-port P]] -- CMD ARGS...
 //
-// Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR
-// and MASTER_PORT (a free port, fresh for every start, unless --master-port), and
+// Each worker gets torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// GROUP_RANK, GROUP_WORLD_SIZE, ROLE_*, TORCHELASTIC_* (with an error file whose error the
+// failure summary shows), MASTER_ADDR and MASTER_PORT (a free port, fresh for every start,
+// unless --master-port; with --nnodes the launchers of the nodes meet as node_group.h says), and
 // OMP_NUM_THREADS = cores / N unless it is set. On a host with GPUs each worker sees the
 // job's GPUs through CUDA_VISIBLE_DEVICES, ordered so that LOCAL_RANK r's GPU is cuda:r
 // (run_gpus.h says which GPUs). Output lines are prefixed by rank; each rank's whole output is in
@@ -27,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "lockstep/comm/job_secret.h"
@@ -37,9 +41,11 @@
 #include "tools/common/byte_size.h"
 #include "tools/common/commands.h"
 #include "tools/common/duration.h"
+#include "tools/common/error_file.h"
 #include "tools/common/flags.h"
 #include "tools/common/run_dir.h"
 #include "tools/run/hang_verdict.h"
+#include "tools/run/node_group.h"
 #include "tools/run/run_gpus.h"
 #include "tools/run/worker_group.h"
 
@@ -123,10 +129,11 @@ std::map<std::string, std::string> torchrun_variables(const comm::LaunchInfo& in
 // (its collective failed when a peer gave up) and a rank that failed of its own accord
 // (no such error: an exception of its own code, a signal) followed it.
 WorkerExit cause_of(const std::vector<WorkerExit>& failures,
-                    const std::vector<std::optional<comm::FlightReport>>& reports, const WorkerExit& first) {
+                    const std::vector<std::optional<comm::FlightReport>>& reports, const WorkerExit& first,
+                    int first_rank) {
   auto of_its_own = [&](const WorkerExit& e) {
-    const size_t rank = static_cast<size_t>(e.rank);
-    return rank >= reports.size() || !reports[rank] || reports[rank]->failure.empty();
+    const size_t index = static_cast<size_t>(e.rank - first_rank);
+    return index >= reports.size() || !reports[index] || reports[index]->failure.empty();
   };
   if (of_its_own(first)) return first;
   for (const WorkerExit& e : failures) {
@@ -135,115 +142,322 @@ WorkerExit cause_of(const std::vector<WorkerExit>& failures,
   return first;
 }
 
+// One job's settings, from the flags.
+struct RunOptions {
+  std::vector<std::string> command;
+  int64_t workers = 0;  // on this node
+  int64_t nodes = 1, node_rank = 0;
+  int64_t max_restarts = 0, master_port = 0;
+  double grace_seconds = 5, hang_seconds = 0;
+  std::string log_dir, master_addr = "127.0.0.1", run_id, hang_timeout;
+  std::chrono::milliseconds join_timeout{std::chrono::minutes(5)};
+  int first_rank() const { return static_cast<int>(node_rank * workers); }
+  int world_size() const { return static_cast<int>(nodes * workers); }
+};
+
+// How one attempt of the group ended.
+struct Attempt {
+  bool failed = false;
+  int code = 0;  // the launcher's exit code if it ends here
+};
+
+// Prints what failed: the rank (or the hang), where the ranks were, its last lines, its
+// error file and its log.
+void report_failure(const RunOptions& o, const WorkerGroup& group, const std::vector<WorkerSpec>& specs,
+                    const WorkerExit& failure, const WorkerExit& blamed, bool hung, const std::string& verdict,
+                    const std::string& flight_dir) {
+  if (hung) {
+    std::fprintf(stderr, "lockstep run: no rank has made progress for %g s (--hang-timeout); the group was stopped\n",
+                 o.hang_seconds);
+  } else {
+    const std::string followed =
+        blamed.rank == failure.rank ? "" : ", and rank " + std::to_string(failure.rank) + "'s failure followed";
+    std::fprintf(stderr, "lockstep run: rank %d failed %s(%s)%s; the other ranks were stopped\n", blamed.rank,
+                 followed.empty() ? "first " : "", blamed.describe().c_str(), followed.c_str());
+  }
+  if (!verdict.empty())
+    std::fprintf(stderr, "  where: %s\n  flight records: %s\n", verdict.c_str(), flight_dir.c_str());
+  if (hung) return;
+  const WorkerSpec& spec = specs[static_cast<size_t>(blamed.rank - o.first_rank())];
+  const WorkerError error = read_error_file(spec.env.at(kErrorFileVariable));
+  if (!error.message.empty()) {
+    std::fprintf(stderr, "  its error: %s\n", error.message.c_str());
+  } else if (const std::vector<std::string> tail = group.last_lines(blamed.rank); !tail.empty()) {
+    std::fprintf(stderr, "  its last lines:\n");
+    for (const std::string& line : tail) std::fprintf(stderr, "    %s\n", line.c_str());
+  }
+  std::fprintf(stderr, "  its whole output: %s\n", spec.log_path.c_str());
+}
+
+// The workers of this node for one attempt: torchrun's variables, the job's secret, logs,
+// flight records and error files under the log folder.
+std::vector<WorkerSpec> worker_specs(const RunOptions& o, int64_t attempt, int port, const std::string& secret,
+                                     const std::string& threads, const GpuAssignment& assigned,
+                                     const std::string& flight_dir) {
+  // A restart keeps the logs, flight records and error files of the attempt that failed.
+  const std::string suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);
+  std::vector<WorkerSpec> specs;
+  for (int64_t r = 0; r < o.workers; ++r) {
+    WorkerSpec spec;
+    spec.rank = o.first_rank() + static_cast<int>(r);
+    spec.command = o.command;
+    comm::LaunchInfo info;
+    info.rank = spec.rank;
+    info.local_rank = static_cast<int>(r);
+    info.world_size = o.world_size();
+    info.local_world_size = static_cast<int>(o.workers);
+    info.master_addr = o.master_addr;
+    info.master_port = port;
+    spec.env = torchrun_variables(info);
+    // The rest of what torchrun 1.13+ gives each worker (Lightning and
+    // torch.distributed.is_torchelastic_launched() look for them).
+    spec.env["GROUP_WORLD_SIZE"] = std::to_string(o.nodes);
+    spec.env["ROLE_NAME"] = "default";
+    spec.env["ROLE_RANK"] = std::to_string(spec.rank);
+    spec.env["ROLE_WORLD_SIZE"] = std::to_string(o.world_size());
+    spec.env["TORCHELASTIC_RUN_ID"] = o.run_id;
+    spec.env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+    spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
+    spec.env["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // rank 0 serves the rendezvous, not the launcher
+    const fs::path name = "rank" + std::to_string(spec.rank) + suffix;
+    spec.env[kErrorFileVariable] = (fs::path(o.log_dir) / (name.string() + ".error.json")).string();
+    spec.env["OMP_NUM_THREADS"] = threads;
+    spec.env[comm::kJobSecretVariable] = secret;
+    if (!assigned.cuda_visible_devices.empty()) spec.env["CUDA_VISIBLE_DEVICES"] = assigned.cuda_visible_devices;
+    spec.env["LOCKSTEP_FLIGHT_DIR"] = flight_dir;
+    spec.log_path = (fs::path(o.log_dir) / (name.string() + ".log")).string();
+    std::error_code ignored;
+    fs::remove(spec.env[kErrorFileVariable], ignored);  // an earlier job's, in a reused --log-dir
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+// One start of this node's workers, until they end, fail, hang, or another node fails.
+Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& secret, const std::string& threads,
+                    const GpuAssignment& assigned, NodeGroup* nodes) {
+  const int port = o.master_port > 0 ? static_cast<int>(o.master_port) : free_port();
+  const std::string flight_dir =
+      (fs::path(o.log_dir) / ("flight" + (attempt == 0 ? "" : ".restart" + std::to_string(attempt)))).string();
+  std::error_code flight_error;
+  fs::remove_all(flight_dir, flight_error);  // an earlier job's records in a reused --log-dir
+  fs::create_directories(flight_dir, flight_error);
+  if (flight_error)
+    throw Error("--log-dir " + o.log_dir + ": cannot create " + flight_dir + ": " + flight_error.message());
+  const std::vector<WorkerSpec> specs = worker_specs(o, attempt, port, secret, threads, assigned, flight_dir);
+  if (nodes != nullptr) nodes->join(attempt);
+  WorkerGroup group(specs);
+  const int workers = static_cast<int>(o.workers);
+  bool hung = false;
+  std::string elsewhere;                                   // another node's failure
+  std::vector<std::optional<comm::FlightReport>> reports;  // as the group was before it was stopped
+  RunHooks hooks;
+  hooks.check = [&] {
+    if (g_verdict_asked) {
+      g_verdict_asked = 0;
+      const std::string now = hang_verdict(read_flight_reports(flight_dir, o.first_rank(), workers), -1, "",
+                                           comm::unix_ms_now(), o.first_rank());
+      std::fprintf(stderr, "lockstep run: %s\n", now.empty() ? "no rank has written a flight record" : now.c_str());
+    }
+    if (nodes != nullptr && !(elsewhere = nodes->check(attempt)).empty()) return true;
+    if (o.hang_seconds <= 0) return false;
+    // Only ranks that keep a record can be judged: a job of other programs never hangs here.
+    const int64_t progress = newest_progress_ms(read_flight_reports(flight_dir, o.first_rank(), workers));
+    hung = progress > 0 && static_cast<double>(comm::unix_ms_now() - progress) > o.hang_seconds * 1e3;
+    return hung;
+  };
+  hooks.before_stop = [&](const WorkerExit& first) {
+    if (first.rank < 0 && !hung) return;  // stopped by a signal to the launcher, or by another node
+    if (nodes != nullptr) {
+      const std::string node = "node " + std::to_string(o.node_rank);
+      nodes->fail(attempt, hung ? node + ": no rank has made progress for " + o.hang_timeout
+                                : node + ": rank " + std::to_string(first.rank) + " failed (" + first.describe() + ")");
+    }
+    // The survivors' records catch up with the failure (they are written five times a second).
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    reports = read_flight_reports(flight_dir, o.first_rank(), workers);
+  };
+  const WorkerExit failure = group.run(g_interrupted, g_stop_signal,
+                                       std::chrono::milliseconds(static_cast<int64_t>(o.grace_seconds * 1e3)), hooks);
+  if (g_interrupted) {
+    std::fprintf(stderr, "lockstep run: stopped by signal %d; every worker was stopped\n", g_stop_signal);
+    if (nodes != nullptr) nodes->fail(attempt, "node " + std::to_string(o.node_rank) + "'s launcher was stopped");
+    return {.failed = true, .code = 128 + g_stop_signal};
+  }
+  if (!elsewhere.empty()) {
+    std::fprintf(stderr, "lockstep run: %s; this node's workers were stopped\n", elsewhere.c_str());
+    nodes->finish(attempt, false);
+    return {.failed = true, .code = 1};
+  }
+  if (failure.rank < 0 && !hung) {
+    // Every node's workers end this attempt: wait for the others, and learn how they ended.
+    if (const std::string other = nodes != nullptr ? nodes->finish(attempt, true) : ""; !other.empty()) {
+      std::fprintf(stderr, "lockstep run: %s\n", other.c_str());
+      return {.failed = true, .code = 1};
+    }
+    return {};
+  }
+  const WorkerExit blamed = cause_of(group.early_failures(), reports, failure, o.first_rank());
+  const std::string verdict = hang_verdict(reports, hung ? -1 : blamed.rank, hung ? "" : blamed.describe(),
+                                           comm::unix_ms_now(), o.first_rank());
+  report_failure(o, group, specs, failure, blamed, hung, verdict, flight_dir);
+  if (nodes != nullptr) nodes->finish(attempt, false);
+  // A hang ends with timeout(1)'s code.
+  return {.failed = true, .code = hung ? 124 : blamed.signal != 0 ? 128 + blamed.signal : blamed.exit_code};
+}
+
+// The command must be there to run, on PATH or as a path.
+void check_runnable(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    if (access(program.c_str(), X_OK) != 0 || fs::is_directory(program)) {
+      throw UsageError("cannot run '" + program + "': no such executable file");
+    }
+    return;
+  }
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr ? path : "";
+  for (size_t start = 0; start <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const fs::path candidate = fs::path(dirs.substr(start, end - start)) / program;
+    if (access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate)) return;
+    start = end + 1;
+  }
+  throw UsageError("cannot find '" + program + "' on PATH");
+}
+
 }  // namespace
 
 int run_main(const std::vector<std::string>& args) {
   // Options, then the command: after "--", or from the first word that is not an option.
-  std::vector<std::string> options, command;
+  RunOptions o;
+  std::vector<std::string> options;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--") {
-      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
       break;
     }
     if (args[i].rfind("-", 0) != 0) {
-      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
       break;
     }
-    // torchrun's and mpirun's spellings of the worker count.
-    if (args[i] == "-n" || args[i] == "-np" || args[i] == "--nproc-per-node" || args[i] == "--nproc_per_node") {
-      options.push_back("--nproc");
-    } else {
-      options.push_back(args[i]);
-    }
+    // torchrun's and mpirun's spellings.
+    static const std::map<std::string, std::string> kAliases = {{"-n", "--nproc"},
+                                                                {"-np", "--nproc"},
+                                                                {"--nproc-per-node", "--nproc"},
+                                                                {"--nproc_per_node", "--nproc"},
+                                                                {"--node_rank", "--node-rank"},
+                                                                {"--master_addr", "--master-addr"},
+                                                                {"--master_port", "--master-port"},
+                                                                {"--max_restarts", "--max-restarts"},
+                                                                {"--rdzv-id", "--run-id"},
+                                                                {"--rdzv_id", "--run-id"}};
+    const std::string name = args[i].substr(0, args[i].find('='));
+    const auto alias = kAliases.find(name);
+    options.push_back(alias == kAliases.end() ? args[i] : alias->second + args[i].substr(name.size()));
     // Every option but --help takes a value, after '=' or as the next word.
     const bool help = args[i] == "--help" || args[i] == "-h";
     if (!help && args[i].find('=') == std::string::npos && i + 1 < args.size()) options.push_back(args[++i]);
   }
-  int64_t workers = 0, max_restarts = 0, master_port = 0;
-  double grace_seconds = 5, wait_seconds = -1;
-  std::string log_dir, master_addr = "127.0.0.1", gpus, min_free_memory = "0", hang_timeout;
+  double wait_seconds = -1;
+  std::string gpus, min_free_memory = "0", join_timeout;
   Flags flags("lockstep run",
               "Starts one process per device, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-              "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS):\n"
+              "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS, TORCHELASTIC_*):\n"
               "  lockstep run -n N [options] -- CMD ARGS...\n"
-              "Output lines carry their rank; a failed worker stops the others.");
-  flags.add("nproc", &workers, "workers to start, one per device (-n, --nproc-per-node)");
-  flags.add("log-dir", &log_dir, "where each rank's whole output goes (default runs/launch-<timestamp>)");
-  flags.add("max-restarts", &max_restarts, "restart the whole group this many times after a failure");
-  flags.add("grace", &grace_seconds, "seconds between SIGTERM and SIGKILL when stopping workers");
-  flags.add("hang-timeout", &hang_timeout,
+              "  lockstep run --nnodes 2 --node-rank R --master-addr HOST -n N -- CMD ARGS...   (on each node)\n"
+              "Output lines carry their rank; a failed worker stops the others, on every node.");
+  flags.add("nproc", &o.workers, "workers to start on this node, one per device (-n, --nproc-per-node)");
+  flags.add("nnodes", &o.nodes, "nodes of the job, each running its own lockstep run (default 1)");
+  flags.add("node-rank", &o.node_rank, "this node's place among them, 0 to nnodes - 1 (ranks follow it)");
+  flags.add("log-dir", &o.log_dir, "where each rank's whole output goes (default runs/launch-<timestamp>)");
+  flags.add("max-restarts", &o.max_restarts, "restart the whole group this many times after a failure");
+  flags.add("grace", &o.grace_seconds, "seconds between SIGTERM and SIGKILL when stopping workers");
+  flags.add("hang-timeout", &o.hang_timeout,
             "stop the group, naming the rank that holds it back, when no Lockstep rank has made progress\n"
             "for this long, like 5m (default: never; a collective's own timeout still ends a hang)");
-  flags.add("master-addr", &master_addr, "the address rank 0 serves the rendezvous on");
-  flags.add("master-port", &master_port, "the rendezvous port (default: a free one, fresh for every start)");
+  flags.add("master-addr", &o.master_addr, "the address rank 0 serves the rendezvous on (node 0's, with --nnodes)");
+  flags.add("master-port", &o.master_port,
+            "the rendezvous port (default: a free one, fresh for every start; 29500 with --nnodes, whose\n"
+            "launchers meet at the port after it)");
+  flags.add("run-id", &o.run_id, "the job's id, TORCHELASTIC_RUN_ID (default: made from the address and port)");
+  flags.add("join-timeout", &join_timeout, "with --nnodes: how long to wait for every node, like 10m (default 5m)");
   flags.add("gpus", &gpus,
             "'auto' (the freest GPUs no other user holds) or NVML indices like 0,2,3; default auto when the\n"
             "host has a GPU per worker and CUDA_VISIBLE_DEVICES is unset");
   flags.add("min-free-memory", &min_free_memory, "wait until each GPU has this much free, like 10G");
   flags.add("wait", &wait_seconds, "give up waiting for free GPUs after this many seconds (default: wait)");
   if (!flags.parse(options)) return 0;
-  if (command.empty()) throw UsageError("no command to run: lockstep run -n N -- CMD ARGS...");
-  if (grace_seconds < 0) throw UsageError("--grace must be 0 or more seconds");
-  if (max_restarts < 0) throw UsageError("--max-restarts must be 0 or more");
-  const double hang_seconds = hang_timeout.empty() ? 0 : parse_duration("--hang-timeout", hang_timeout);
+  if (o.command.empty()) throw UsageError("no command to run: lockstep run -n N -- CMD ARGS...");
+  if (o.grace_seconds < 0) throw UsageError("--grace must be 0 or more seconds");
+  if (o.max_restarts < 0) throw UsageError("--max-restarts must be 0 or more");
+  if (!o.hang_timeout.empty()) o.hang_seconds = parse_duration("--hang-timeout", o.hang_timeout);
+  if (!join_timeout.empty()) {
+    o.join_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(parse_duration("--join-timeout", join_timeout) * 1e3));
+  }
 
   const comm::LaunchInfo launched = comm::launch_info_from_env();
   if (launched.launcher == "openmpi" || launched.launcher == "slurm") {
-    if (flags.given("nproc") && workers != launched.world_size) {
-      throw UsageError("-n " + std::to_string(workers) + " under " + launched.launcher + ", which started " +
+    if (flags.given("nproc") && o.workers != launched.world_size) {
+      throw UsageError("-n " + std::to_string(o.workers) + " under " + launched.launcher + ", which started " +
                        std::to_string(launched.world_size) + " processes: leave -n out there");
     }
-    exec_as_rank(launched, command);
+    exec_as_rank(launched, o.command);
   }
-  if (command[0].find('/') == std::string::npos) {
-    bool found = false;
-    const char* path = std::getenv("PATH");
-    std::string dirs = path != nullptr ? path : "";
-    for (size_t start = 0; !found && start <= dirs.size();) {
-      const size_t end = std::min(dirs.find(':', start), dirs.size());
-      const fs::path candidate = fs::path(dirs.substr(start, end - start)) / command[0];
-      found = access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate);
-      start = end + 1;
-    }
-    if (!found) throw UsageError("cannot find '" + command[0] + "' on PATH");
-  } else if (access(command[0].c_str(), X_OK) != 0 || fs::is_directory(command[0])) {
-    throw UsageError("cannot run '" + command[0] + "': no such executable file");
-  }
+  check_runnable(o.command[0]);
   if (!flags.given("nproc") && !gpus.empty() && gpus != "auto")
-    workers = static_cast<int64_t>(gpu::parse_gpu_list(gpus).size());
+    o.workers = static_cast<int64_t>(gpu::parse_gpu_list(gpus).size());
   // A worker holds pipes and a process: more than a host's fd and process limits allow is
   // a typo, not a job.
   constexpr int64_t kMostWorkers = 1024;
-  if (workers < 1 || workers > kMostWorkers) {
-    throw UsageError("-n must be 1 to " + std::to_string(kMostWorkers) + ", got " + std::to_string(workers) +
+  if (o.workers < 1 || o.workers > kMostWorkers) {
+    throw UsageError("-n must be 1 to " + std::to_string(kMostWorkers) + ", got " + std::to_string(o.workers) +
                      " (one worker per device: lockstep run -n 2 -- CMD)");
   }
-  if (flags.given("master-port")) {
-    if (master_port < 1 || master_port > 65535) {
-      throw UsageError("--master-port must be a port number from 1 to 65535, got " + std::to_string(master_port));
+  if (o.nodes < 1 || o.nodes > kMostWorkers) {
+    throw UsageError("--nnodes must be 1 to " + std::to_string(kMostWorkers) + ", got " + std::to_string(o.nodes));
+  }
+  if (o.node_rank < 0 || o.node_rank >= o.nodes) {
+    throw UsageError("--node-rank must be 0 to " + std::to_string(o.nodes - 1) + " (--nnodes " +
+                     std::to_string(o.nodes) + "), got " + std::to_string(o.node_rank));
+  }
+  const bool multi_node = o.nodes > 1;
+  if (multi_node && !flags.given("master-addr")) {
+    throw UsageError("--nnodes " + std::to_string(o.nodes) +
+                     " needs --master-addr: node 0's address, the same on every node");
+  }
+  if (multi_node && !flags.given("master-port")) o.master_port = 29500;  // torchrun's default
+  if (flags.given("master-port") || multi_node) {
+    if (o.master_port < 1 || o.master_port > 65534) {
+      throw UsageError("--master-port must be a port number from 1 to 65534, got " + std::to_string(o.master_port));
     }
-    check_port_free(static_cast<int>(master_port));
+    // Node 0's rank 0 serves there (and node 0's launcher at the next port).
+    if (o.node_rank == 0) check_port_free(static_cast<int>(o.master_port));
+  }
+  if (o.run_id.empty()) {
+    o.run_id = multi_node ? "lockstep-" + o.master_addr + "-" + std::to_string(o.master_port)
+                          : "lockstep-" + std::to_string(getpid());
   }
   GpuAsk ask;
   ask.gpus = gpus;
-  ask.workers = static_cast<int>(workers);
+  ask.workers = static_cast<int>(o.workers);
   ask.min_free_bytes = parse_byte_size(min_free_memory, "--min-free-memory");
   ask.wait_seconds = wait_seconds;
   {
-    std::string line = "lockstep run -n " + std::to_string(workers) + " --";
-    for (const std::string& word : command) line += " " + word;
+    std::string line = "lockstep run -n " + std::to_string(o.workers) + " --";
+    for (const std::string& word : o.command) line += " " + word;
     const char* user = std::getenv("USER");
     ask.holder = "pid " + std::to_string(getpid()) + " (user " + (user ? user : std::to_string(getuid())) +
                  "): " + line.substr(0, 200);
   }
 
-  if (log_dir.empty()) log_dir = fresh_run_dir("launch-");
+  if (o.log_dir.empty()) o.log_dir = fresh_run_dir("launch-");
   std::error_code log_dir_error;
-  fs::create_directories(log_dir, log_dir_error);
-  if (log_dir_error) throw Error("--log-dir " + log_dir + ": cannot create it: " + log_dir_error.message());
+  fs::create_directories(o.log_dir, log_dir_error);
+  if (log_dir_error) throw Error("--log-dir " + o.log_dir + ": cannot create it: " + log_dir_error.message());
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const std::string threads =
-      omp != nullptr ? omp : std::to_string(std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, workers)));
+      omp != nullptr ? omp : std::to_string(std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, o.workers)));
 
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -258,101 +472,39 @@ int run_main(const std::vector<std::string>& args) {
   const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
   if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
   for (size_t r = 0; r < assigned.per_rank.size(); ++r) {
-    std::fprintf(stderr, "lockstep run: rank %zu on %s\n", r, assigned.per_rank[r].c_str());
+    std::fprintf(stderr, "lockstep run: rank %zu on %s\n", o.first_rank() + r, assigned.per_rank[r].c_str());
   }
 
   // The job's secret (comm/job_secret.h): only its own workers can use its rendezvous. One
-  // given in the environment is kept (the same for every node of a job started by hand).
+  // given in the environment is kept; the nodes of a job started by hand derive the same one
+  // from the user's key (a shared home) and node 0's address.
   const char* given_secret = std::getenv(comm::kJobSecretVariable);
-  const std::string secret =
-      given_secret != nullptr && *given_secret != '\0' ? std::string(given_secret) : comm::make_job_secret();
+  std::string secret;
+  if (given_secret != nullptr && *given_secret != '\0') {
+    secret = given_secret;
+  } else if (multi_node) {
+    comm::LaunchInfo job;
+    job.launcher = "lockstep run";
+    job.job_id = o.run_id;
+    job.master_addr = o.master_addr;
+    job.master_port = static_cast<int>(o.master_port);
+    secret = comm::to_hex(comm::job_secret(job));
+  } else {
+    secret = comm::make_job_secret();
+  }
+  std::unique_ptr<NodeGroup> nodes;
+  if (multi_node) {
+    setenv(comm::kJobSecretVariable, secret.c_str(), 1);  // job_secret() below reads it
+    nodes = std::make_unique<NodeGroup>(static_cast<int>(o.nodes), static_cast<int>(o.node_rank), o.master_addr,
+                                        static_cast<int>(o.master_port), comm::job_secret(comm::LaunchInfo{}),
+                                        o.join_timeout);
+  }
   for (int64_t attempt = 0;; ++attempt) {
-    const int port = master_port > 0 ? static_cast<int>(master_port) : free_port();
-    // A restart keeps the logs and flight records of the attempt that failed.
-    const std::string attempt_suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);
-    const std::string flight_dir = (fs::path(log_dir) / ("flight" + attempt_suffix)).string();
-    std::error_code flight_error;
-    fs::remove_all(flight_dir, flight_error);  // an earlier job's records in a reused --log-dir
-    fs::create_directories(flight_dir, flight_error);
-    if (flight_error)
-      throw Error("--log-dir " + log_dir + ": cannot create " + flight_dir + ": " + flight_error.message());
-    std::vector<WorkerSpec> specs;
-    for (int64_t r = 0; r < workers; ++r) {
-      WorkerSpec spec;
-      spec.command = command;
-      comm::LaunchInfo info;
-      info.rank = info.local_rank = static_cast<int>(r);
-      info.world_size = info.local_world_size = static_cast<int>(workers);
-      info.master_addr = master_addr;
-      info.master_port = port;
-      spec.env = torchrun_variables(info);
-      spec.env["OMP_NUM_THREADS"] = threads;
-      spec.env[comm::kJobSecretVariable] = secret;
-      if (!assigned.cuda_visible_devices.empty()) spec.env["CUDA_VISIBLE_DEVICES"] = assigned.cuda_visible_devices;
-      spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
-      spec.env["LOCKSTEP_FLIGHT_DIR"] = flight_dir;
-      spec.log_path = (fs::path(log_dir) / ("rank" + std::to_string(r) + attempt_suffix + ".log")).string();
-      specs.push_back(std::move(spec));
-    }
-    WorkerGroup group(specs);
-    bool hung = false;
-    std::vector<std::optional<comm::FlightReport>> reports;  // as the group was before it was stopped
-    RunHooks hooks;
-    hooks.check = [&] {
-      if (g_verdict_asked) {
-        g_verdict_asked = 0;
-        const std::string now =
-            hang_verdict(read_flight_reports(flight_dir, static_cast<int>(workers)), -1, "", comm::unix_ms_now());
-        std::fprintf(stderr, "lockstep run: %s\n", now.empty() ? "no rank has written a flight record" : now.c_str());
-      }
-      if (hang_seconds <= 0) return false;
-      // Only ranks that keep a record can be judged: a job of other programs never hangs here.
-      const int64_t progress = newest_progress_ms(read_flight_reports(flight_dir, static_cast<int>(workers)));
-      hung = progress > 0 && static_cast<double>(comm::unix_ms_now() - progress) > hang_seconds * 1e3;
-      return hung;
-    };
-    hooks.before_stop = [&](const WorkerExit& first) {
-      if (first.rank < 0 && !hung) return;  // stopped by a signal to the launcher
-      // The survivors' records catch up with the failure (they are written five times a second).
-      std::this_thread::sleep_for(std::chrono::milliseconds(400));
-      reports = read_flight_reports(flight_dir, static_cast<int>(workers));
-    };
-    const WorkerExit failure = group.run(g_interrupted, g_stop_signal,
-                                         std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1e3)), hooks);
-    if (g_interrupted) {
-      std::fprintf(stderr, "lockstep run: stopped by signal %d; every worker was stopped\n", g_stop_signal);
-      return 128 + g_stop_signal;
-    }
-    if (failure.rank < 0 && !hung) return 0;
-    const WorkerExit blamed = cause_of(group.early_failures(), reports, failure);
-    const std::string verdict =
-        hang_verdict(reports, hung ? -1 : blamed.rank, hung ? "" : blamed.describe(), comm::unix_ms_now());
-
-    if (hung) {
-      std::fprintf(stderr, "lockstep run: no rank has made progress for %g s (--hang-timeout); the group was stopped\n",
-                   hang_seconds);
-    } else {
-      const std::string followed =
-          blamed.rank == failure.rank ? "" : ", and rank " + std::to_string(failure.rank) + "'s failure followed";
-      std::fprintf(stderr, "lockstep run: rank %d failed %s(%s)%s; the other ranks were stopped\n", blamed.rank,
-                   followed.empty() ? "first " : "", blamed.describe().c_str(), followed.c_str());
-    }
-    if (!verdict.empty()) {
-      std::fprintf(stderr, "  where: %s\n  flight records: %s\n", verdict.c_str(), flight_dir.c_str());
-    }
-    if (!hung) {
-      const std::vector<std::string> tail = group.last_lines(blamed.rank);
-      if (!tail.empty()) {
-        std::fprintf(stderr, "  its last lines:\n");
-        for (const std::string& line : tail) std::fprintf(stderr, "    %s\n", line.c_str());
-      }
-      std::fprintf(stderr, "  its whole output: %s\n", specs[static_cast<size_t>(blamed.rank)].log_path.c_str());
-    }
-    // A hang ends with timeout(1)'s code.
-    const int code = hung ? 124 : blamed.signal != 0 ? 128 + blamed.signal : blamed.exit_code;
-    if (attempt >= max_restarts) return code;
+    const Attempt outcome = run_attempt(o, attempt, secret, threads, assigned, nodes.get());
+    if (!outcome.failed) return 0;
+    if (g_interrupted || attempt >= o.max_restarts) return outcome.code;
     std::fprintf(stderr, "lockstep run: restarting the group (%lld of %lld)\n", static_cast<long long>(attempt + 1),
-                 static_cast<long long>(max_restarts));
+                 static_cast<long long>(o.max_restarts));
   }
 }
 

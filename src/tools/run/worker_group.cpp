@@ -70,7 +70,7 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs) : workers_(specs.
   for (size_t r = 0; r < specs.size(); ++r) {
     const WorkerSpec& spec = specs[r];
     Worker& w = workers_[r];
-    w.exit.rank = static_cast<int>(r);
+    w.exit.rank = spec.rank;
     w.log = std::fopen(spec.log_path.c_str(), "we");  // e: not inherited by the workers
     LOCKSTEP_CHECK(w.log != nullptr) << "cannot write the log " << spec.log_path << ": " << std::strerror(errno);
     int fds[2];
@@ -174,10 +174,10 @@ int64_t WorkerGroup::pump(int timeout_ms) {
     Worker& w = workers_[owners[i]];
     const ssize_t n = read(w.fd, buffer, sizeof(buffer));
     if (n > 0) {
-      relay(w, static_cast<int>(owners[i]), buffer, static_cast<size_t>(n));
+      relay(w, w.exit.rank, buffer, static_cast<size_t>(n));
       total += n;
     } else if (n == 0 || errno != EINTR) {
-      flush_partial(w, static_cast<int>(owners[i]));
+      flush_partial(w, w.exit.rank);
       std::fflush(w.log);
       close(w.fd);
       w.fd = -1;
@@ -249,8 +249,10 @@ WorkerExit WorkerGroup::run(const volatile bool& interrupted, const volatile int
 }
 
 std::vector<std::string> WorkerGroup::last_lines(int rank) const {
-  const std::deque<std::string>& tail = workers_.at(static_cast<size_t>(rank)).tail;
-  return {tail.begin(), tail.end()};
+  for (const Worker& w : workers_) {
+    if (w.exit.rank == rank) return {w.tail.begin(), w.tail.end()};
+  }
+  return {};
 }
 
 }  // namespace lockstep::tools

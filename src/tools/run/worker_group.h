@@ -21,6 +21,7 @@
 namespace lockstep::tools {
 
 struct WorkerSpec {
+  int rank = 0;                            // the job's rank: names the worker's lines and its exit
   std::vector<std::string> command;        // argv; argv[0] is looked up on PATH
   std::map<std::string, std::string> env;  // set on top of the launcher's environment
   std::string log_path;                    // this rank's whole output
@@ -28,7 +29,7 @@ struct WorkerSpec {
 
 // How a worker ended.
 struct WorkerExit {
-  int rank = -1;
+  int rank = -1;       // the spec's rank
   int exit_code = -1;  // when it exited
   int signal = 0;      // when a signal ended it
   bool ok() const { return signal == 0 && exit_code == 0; }

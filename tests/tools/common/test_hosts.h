@@ -38,6 +38,13 @@ class TestHosts {
   std::string address(int host) const { return "10.231." + std::to_string(net_) + "." + std::to_string(11 + host); }
   std::string subnet() const { return "10.231." + std::to_string(net_) + ".0/24"; }
 
+  // A shell command line that runs `command` inside host `host` (with its hostname).
+  std::string on(int host, const std::string& command) const {
+    return "env " + env_ + " " + script() + " run " + std::to_string(host) + " " + command;
+  }
+  // The host's own network interface (gloo's GLOO_SOCKET_IFNAME there).
+  std::string interface(int host) const { return "lh" + std::to_string(net_) + "p" + std::to_string(host); }
+
   // `mpirun` over these hosts, `per_host` ranks on each of the first `hosts`, started by the
   // rsh agent inside each host's namespace, all traffic on the hosts' subnet. `exports`
   // names variables to pass on (mpirun -x).

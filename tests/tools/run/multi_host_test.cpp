@@ -74,8 +74,8 @@ TEST_F(MultiHost, TheGptMeshAcrossHostsKeepsItsBits) {
 TEST_F(MultiHost, ARankKilledOnOneHostEndsTheJobOnBoth) {
   const fs::path flight = root_ / "flight";
   auto job = std::async(std::launch::async, [&] {
-    return run_shell("env LOCKSTEP_FLIGHT_DIR=" + flight.string() + " " +
-                     hosts_->mpirun(2, 2, "LOCKSTEP_FLIGHT_DIR") + kBinary +
+    return run_shell("env LOCKSTEP_FLIGHT_DIR=" + flight.string() + " " + hosts_->mpirun(2, 2, "LOCKSTEP_FLIGHT_DIR") +
+                     kBinary +
                      " train --quiet --model mlp --steps 100000 --batch-size 32 --micro-batch 8 --threads 1 "
                      "--strategy ddp --backend mpi --out " +
                      (root_ / "killed").string());
@@ -103,6 +103,80 @@ TEST_F(MultiHost, ARankKilledOnOneHostEndsTheJobOnBoth) {
   EXPECT_LT(seconds, 60) << "the job outlived its killed rank:\n" << r.output;
   EXPECT_NE(r.output.find("rank 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
+}
+
+// torchrun's multi-node form: a launcher on each host, node 0's serving the launchers'
+// store; a PyTorch DDP script (gloo) sees torchrun's variables and its 4 ranks agree.
+class MultiNodeRun : public MultiHost {
+ protected:
+  // `lockstep run --nnodes 2` on both hosts at once, each with `env` and `options`; their outputs.
+  std::vector<Result> launch_both(const std::string& env, const std::string& options, const std::string& command) {
+    std::vector<std::future<Result>> launchers;
+    for (int node = 0; node < 2; ++node) {
+      launchers.push_back(std::async(std::launch::async, [&, node] {
+        return run_shell("env GLOO_SOCKET_IFNAME=" + hosts_->interface(node) + " " + env + " " +
+                         hosts_->on(node, kBinary + " run --nnodes 2 --node-rank " + std::to_string(node) +
+                                              " --master-addr " + hosts_->address(0) + " --master-port 29650 -n 2 " +
+                                              options + " --log-dir " +
+                                              (root_ / ("node" + std::to_string(node))).string() + " -- " + command));
+      }));
+    }
+    std::vector<Result> results;
+    for (auto& launcher : launchers) results.push_back(launcher.get());
+    return results;
+  }
+  const std::string script_ =
+      "/usr/bin/python3 " + std::string(LOCKSTEP_SOURCE_DIR) + "/tests/tools/run/torch_ddp_env.py";
+};
+
+TEST_F(MultiNodeRun, APyTorchDdpScriptRunsAcrossTwoNodes) {
+  const std::vector<Result> nodes = launch_both("", "", script_);
+  if (nodes[0].output.find("SKIP") != std::string::npos) GTEST_SKIP() << nodes[0].output;
+  std::string weights;
+  for (int node = 0; node < 2; ++node) {
+    ASSERT_EQ(nodes[node].exit_code, 0) << "node " << node << ":\n" << nodes[node].output;
+    for (int local = 0; local < 2; ++local) {
+      const int rank = node * 2 + local;
+      const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+      EXPECT_NE(nodes[node].output.find(prefix + "elastic True group " + std::to_string(node) + " of 2"),
+                std::string::npos)
+          << nodes[node].output;
+      const size_t at = nodes[node].output.find(prefix + "weights ");
+      ASSERT_NE(at, std::string::npos) << nodes[node].output;
+      const std::string mine =
+          nodes[node].output.substr(at + prefix.size(), nodes[node].output.find('\n', at) - at - prefix.size());
+      if (weights.empty()) weights = mine;
+      EXPECT_EQ(mine, weights) << "rank " << rank;
+    }
+  }
+}
+
+// Rank 3 (on node 1) raises: node 1's launcher shows its Python error from torchrun's
+// error file, and node 0's stops its own workers, saying why.
+TEST_F(MultiNodeRun, AFailureOnOneNodeStopsEveryNode) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Result> nodes = launch_both("FAIL_RANK=3", "--grace 2", script_);
+  if (nodes[0].output.find("SKIP") != std::string::npos) GTEST_SKIP() << nodes[0].output;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 60);
+  EXPECT_NE(nodes[1].exit_code, 0) << nodes[1].output;
+  EXPECT_NE(nodes[1].output.find("lockstep run: rank 3 failed first (exit code 1)"), std::string::npos)
+      << nodes[1].output;
+  EXPECT_NE(nodes[1].output.find("its error: ValueError: rank 3 gives up"), std::string::npos) << nodes[1].output;
+  EXPECT_NE(nodes[0].exit_code, 0) << nodes[0].output;
+  // Node 0 hears of it from node 1, or its own ranks fail first when their peer is gone.
+  EXPECT_TRUE(nodes[0].output.find("node 1: rank 3 failed (exit code 1); this node's workers were stopped") !=
+                  std::string::npos ||
+              nodes[0].output.find("failed first") != std::string::npos)
+      << nodes[0].output;
+}
+
+TEST_F(MultiNodeRun, NodesOfOneJobMustAllCome) {
+  // Only node 0 starts: it gives up after --join-timeout, saying what is missing.
+  const Result alone = run_shell(hosts_->on(0, kBinary + " run --nnodes 2 --node-rank 0 --master-addr " +
+                                                   hosts_->address(0) + " --join-timeout 2 -n 1 -- /bin/true"));
+  EXPECT_EQ(alone.exit_code, 1) << alone.output;
+  EXPECT_NE(alone.output.find("only 1 of 2 nodes' launchers came within 2 s"), std::string::npos) << alone.output;
 }
 
 }  // namespace

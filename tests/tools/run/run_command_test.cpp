@@ -163,7 +163,10 @@ TEST_F(RunCommand, BadInputGetsOneLineAndExitCodeTwo) {
         std::string("-n 2 -- no-such-program-here"), std::string("--bogus 1 -- true"),
         std::string("-n 2 -- /no/such/file"), std::string("-n 1 --min-free-memory 10X -- true"),
         std::string("--gpus 1,x -- true"), std::string("-n 1 --master-port 70000 -- true"),
-        std::string("-n 1 --gpus 0 -- true")}) {
+        std::string("-n 1 --gpus 0 -- true"),
+        std::string("-n 1 --nnodes 2 --node-rank 2 --master-addr 10.0.0.1 -- true"),
+        std::string("-n 1 --nnodes 2 --node-rank 1 -- true"), std::string("-n 1 --nnodes 0 -- true"),
+        std::string("-n 1 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --join-timeout 0 -- true")}) {
     // No NVML (whatever this host has), so --gpus 0 names a GPU that is not there.
     const Result r = launch(arguments, kNoNvml);
     EXPECT_EQ(r.exit_code, 2) << arguments << "\n" << r.output;
