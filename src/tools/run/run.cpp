@@ -47,6 +47,7 @@
 #include "tools/run/hang_verdict.h"
 #include "tools/run/node_group.h"
 #include "tools/run/run_gpus.h"
+#include "tools/run/slurm_hostlist.h"
 #include "tools/run/worker_group.h"
 
 namespace lockstep::tools {
@@ -112,9 +113,33 @@ std::map<std::string, std::string> torchrun_variables(const comm::LaunchInfo& in
   return vars;
 }
 
+// A port for the job's rendezvous that every rank derives alike from the job id (FNV-1a),
+// in 29500 .. 39499: two jobs on one host rarely meet at one.
+int port_of_job(const std::string& job_id) {
+  uint64_t hash = 14695981039346656037ull;
+  for (const unsigned char c : job_id) hash = (hash ^ c) * 1099511628211ull;
+  return 29500 + static_cast<int>(hash % 10000);
+}
+
 // Under mpirun or srun: this process is one rank already. The command runs in its place
-// with torchrun's variables.
-[[noreturn]] void exec_as_rank(const comm::LaunchInfo& info, const std::vector<std::string>& command) {
+// with torchrun's variables, MASTER_ADDR and MASTER_PORT included (PyTorch's env:// needs
+// them): the given ones, else loopback for a job on one host or, under Slurm, the first host
+// of the step's nodes, and a port from the job id or --master-port.
+[[noreturn]] void exec_as_rank(comm::LaunchInfo info, const std::vector<std::string>& command, int master_port) {
+  if (info.master_addr.empty()) {
+    if (info.local_world_size == info.world_size) {
+      info.master_addr = "127.0.0.1";
+    } else if (info.launcher == "slurm") {
+      const char* name = std::getenv("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+      if (const char* list = std::getenv(name)) info.master_addr = first_slurm_host(list, name);
+    } else if (info.rank == 0) {
+      std::fprintf(stderr,
+                   "lockstep run: mpirun does not say where rank 0 runs, so MASTER_ADDR is not set; for a "
+                   "PyTorch env:// job across hosts give it (mpirun -x MASTER_ADDR=<rank 0's host>)\n");
+    }
+  }
+  if (master_port > 0) info.master_port = master_port;
+  if (info.master_port == 0) info.master_port = port_of_job(info.job_id);
   for (const auto& [name, value] : torchrun_variables(info)) setenv(name.c_str(), value.c_str(), 1);
   std::vector<char*> argv;
   std::vector<std::string> copy = command;
@@ -402,7 +427,10 @@ int run_main(const std::vector<std::string>& args) {
       throw UsageError("-n " + std::to_string(o.workers) + " under " + launched.launcher + ", which started " +
                        std::to_string(launched.world_size) + " processes: leave -n out there");
     }
-    exec_as_rank(launched, o.command);
+    if (flags.given("master-port") && (o.master_port < 1 || o.master_port > 65535)) {
+      throw UsageError("--master-port must be a port number from 1 to 65535, got " + std::to_string(o.master_port));
+    }
+    exec_as_rank(launched, o.command, static_cast<int>(o.master_port));
   }
   check_runnable(o.command[0]);
   if (!flags.given("nproc") && !gpus.empty() && gpus != "auto")

@@ -223,10 +223,36 @@ TEST_F(RunCommand, RunsAPyTorchDdpScript) {
 // command in place.
 TEST_F(RunCommand, UnderMpirunMapsItsVariables) {
   if (!on_path("mpirun")) GTEST_SKIP() << "mpirun is not on PATH (install openmpi-bin)";
-  const Result r = run_mpi(2, "run -- sh -c 'echo mapped $RANK of $WORLD_SIZE local $LOCAL_RANK'");
+  const Result r =
+      run_mpi(2, "run -- sh -c 'echo mapped $RANK of $WORLD_SIZE local $LOCAL_RANK at $MASTER_ADDR:$MASTER_PORT'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("mapped 0 of 2 local 0"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("mapped 1 of 2 local 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mapped 0 of 2 local 0 at 127.0.0.1:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mapped 1 of 2 local 1 at 127.0.0.1:"), std::string::npos) << r.output;
+  // One port for both ranks, from the job id.
+  const size_t first = r.output.find("127.0.0.1:"), second = r.output.find("127.0.0.1:", first + 1);
+  ASSERT_NE(second, std::string::npos);
+  EXPECT_EQ(r.output.substr(first, 15), r.output.substr(second, 15)) << r.output;
+}
+
+// Under srun (its variables, as a step of 4 tasks on 2 nodes gives them): rank 0's host is
+// the step's first node, and the port comes from the job and step ids.
+TEST_F(RunCommand, UnderSrunMasterAddrIsTheStepsFirstNode) {
+  const std::string slurm =
+      "SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_TASKS_PER_NODE='2(x2)' SLURM_JOB_ID=4242 "
+      "SLURM_STEP_ID=0 SLURM_STEP_NODELIST='gpu[07-08]' SLURM_JOB_NODELIST='gpu[07-08]'";
+  const Result r = run_shell("env " + slurm + " " + kBinary + " run -- sh -c 'echo $RANK $LOCAL_RANK $WORLD_SIZE at " +
+                             "$MASTER_ADDR:$MASTER_PORT'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("3 1 4 at gpu07:", 0), 0u) << r.output;
+  const Result again = run_shell("env " + slurm + " " + kBinary + " run -- sh -c 'echo $MASTER_PORT'");
+  EXPECT_NE(r.output.find(":" + again.output.substr(0, again.output.size() - 1)), std::string::npos)
+      << r.output << again.output;
+  const Result given = run_shell("env " + slurm + " MASTER_ADDR=10.1.2.3 MASTER_PORT=31000 " + kBinary +
+                                 " run -- sh -c 'echo $MASTER_ADDR:$MASTER_PORT'");
+  EXPECT_EQ(given.output, "10.1.2.3:31000\n");
+  const Result port =
+      run_shell("env " + slurm + " " + kBinary + " run --master-port 31001 -- sh -c 'echo $MASTER_PORT'");
+  EXPECT_EQ(port.output, "31001\n");
 }
 
 }  // namespace
