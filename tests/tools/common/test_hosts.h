@@ -34,6 +34,8 @@ class TestHosts {
   TestHosts& operator=(const TestHosts&) = delete;
 
   bool ok() const { return ok_; }
+  // "env LOCKSTEP_TEST_HOSTS_...=...": what scripts/test-hosts and test-slurm need to find them.
+  std::string env() const { return "env " + env_; }
   const std::string& error() const { return error_; }
   std::string address(int host) const { return "10.231." + std::to_string(net_) + "." + std::to_string(11 + host); }
   std::string subnet() const { return "10.231." + std::to_string(net_) + ".0/24"; }
