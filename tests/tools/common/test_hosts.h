@@ -19,6 +19,10 @@ class TestHosts {
     if (::geteuid() != 0) return "test hosts need root (network namespaces)";
     if (!on_path("ip")) return "test hosts need iproute2's ip";
     if (!on_path("unshare")) return "test hosts need unshare (util-linux)";
+    // Root in a container may still lack the network administration capability.
+    const std::string probe = "lhprobe" + std::to_string(::getpid());
+    const Result made = run_shell("ip netns add " + probe + " && ip netns del " + probe);
+    if (made.exit_code != 0) return "this machine cannot make network namespaces: " + made.output;
     return "";
   }
 
