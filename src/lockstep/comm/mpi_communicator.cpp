@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/comm/mpi_process.h"
+#include "lockstep/comm/slices.h"
 #include "lockstep/comm/tree_reduce.h"
 
 namespace lockstep::comm {
@@ -22,7 +23,6 @@ namespace {
 constexpr size_t kDefaultMaxMessageBytes = size_t{256} << 20;
 constexpr size_t kMaxMessageBytesLimit = size_t{1} << 30;
 // all_reduce slices start at multiples of this many bytes of the piece.
-constexpr int64_t kSliceAlignBytes = 64;
 
 // What one rank says about a collective, as fixed-size bytes for MPI_Allgather: the call, the
 // device of any tensor that is not on a CPU (so every rank can fail alike), and its piece size
@@ -70,14 +70,11 @@ void check_p2p(const Tensor& tensor, int tag, int tag_upper_bound, const std::st
       << "mpi backend: " << what << ": tags must be in 0.." << tag_upper_bound << " (MPI_TAG_UB)";
 }
 
-// Element bounds of n slices of [0, count): slice r is [bounds[r], bounds[r+1]). Slices are
-// whole runs of kSliceAlignBytes (the last one takes the ragged end) and differ by at most
-// one run, so every slice starts aligned.
+// Element bounds of n slices of [0, count) (slices.h): slice r is [bounds[r], bounds[r+1]).
 std::vector<int64_t> slice_bounds(int64_t count, int n, size_t element_size) {
-  const int64_t run = std::max<int64_t>(1, kSliceAlignBytes / static_cast<int64_t>(element_size));
-  const int64_t runs = (count + run - 1) / run;
   std::vector<int64_t> bounds(static_cast<size_t>(n) + 1);
-  for (int r = 0; r <= n; ++r) bounds[static_cast<size_t>(r)] = std::min(count, runs * r / n * run);
+  for (int r = 0; r < n; ++r) bounds[static_cast<size_t>(r)] = slice_of(count, r, n, element_size).begin;
+  bounds[static_cast<size_t>(n)] = count;
   return bounds;
 }
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lockstep/comm/env_sizes.h"
+#include "lockstep/comm/slices.h"
 #include "lockstep/comm/tree_reduce.h"
 
 #if defined(__x86_64__)
@@ -210,11 +211,8 @@ void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDe
       arrive_and_wait(Post());
       if (bytes) std::memcpy(mine, result_.data(), bytes);
     } else {
-      // Slices on 64-byte boundaries: rank r folds slice r into every rank's buffer.
-      const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element));
-      const int64_t slice = ((n + size() - 1) / size() + align - 1) / align * align;
-      const int64_t begin = std::min(n, rank() * slice);
-      const int64_t len = std::min(n, begin + slice) - begin;
+      // Rank r folds slice r (slices.h) into every rank's buffer.
+      const auto [begin, len] = slice_of(n, rank(), size(), element);
       for (int q = 0; q < size(); ++q) buffers[q] = static_cast<char*>(buffers[q]) + begin * element;
       tree_reduce_to_many(buffers.data(), size(), buffers.data(), size(), len, desc.dtype, desc.op);
       arrive_and_wait(Post());

@@ -6,6 +6,7 @@
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/comm/local_communicator.h"
+#include "lockstep/comm/slices.h"
 #include "lockstep/comm/tree_reduce.h"
 #include "lockstep/core/storage.h"
 #include "lockstep/ops/ops.h"
@@ -38,18 +39,11 @@ std::vector<Tensor> take_grads(const std::vector<Tensor>& params) {
   return grads;
 }
 
-// Device d's share of a parameter of n elements: cut as the one-host all-reduce cuts its
-// slices (the bits do not depend on the cut, since the fold is per element), on a 64-byte
-// boundary so no two devices write one cache line. Device 0's is never empty.
-struct Share {
-  int64_t begin = 0;
-  int64_t size = 0;
-};
+// Device d's share of a parameter of n elements: cut as the collectives cut their slices
+// (comm/slices.h). Device 0's is never empty.
+using Share = comm::Slice;
 Share share_of(int64_t n, int device, int devices, DType dtype) {
-  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(dtype_size(dtype)));
-  const int64_t slice = ((n + devices - 1) / devices + align - 1) / align * align;
-  const int64_t begin = std::min(n, device * slice);
-  return {begin, std::min(n, begin + slice) - begin};
+  return comm::slice_of(n, device, devices, dtype_size(dtype));
 }
 
 // A tensor on `device` over the bytes of `weights`, which it keeps alive. The device's
