@@ -1,7 +1,8 @@
 // The mpi backend, tested as real processes: each MpiCommunicator test launches this same
-// test binary under mpirun, where the MpiWorker tests (skipped otherwise) run on every rank.
-// Expected values come from the inputs' generators, and the f32 sum from a tree written out
-// by hand, never from tree_reduce.
+// test binary under mpirun, where the MpiWorker tests (skipped otherwise) run on every rank:
+// the conformance suite every backend runs (comm/conformance.h), then what is MPI's own
+// (messages, non-CPU tensors, a world made again, the watchdog, a program that initializes
+// MPI itself).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/conformance.h"
 #include "lockstep/core/tensor.h"
 
 #ifdef LOCKSTEP_HAVE_MPI
@@ -178,18 +180,8 @@ TEST(MpiCommunicator, ProgramThatInitializesMpiItselfWithSerializedThreads) {
 #define SKIP_UNLESS_WORKER() \
   if (!in_worker()) GTEST_SKIP() << "runs under mpirun, launched by the MpiCommunicator tests"
 
-constexpr std::array<DType, 6> kDtypes = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64};
-constexpr std::array<int64_t, 5> kCounts = {0, 1, 7, 1000, (int64_t{1} << 20) + 1};
-
 // Small integers: exact in every dtype, and so are their sums over four ranks.
 double small_value(int rank, int64_t i) { return static_cast<double>((i * 7 + rank * 13) % 23 - 11); }
-
-// Values whose average over n ranks is exactly base(i): the per-rank offsets sum to zero.
-double avg_base(int64_t i) { return static_cast<double>(i * 5 % 17 - 8); }
-double avg_value(int rank, int n, int64_t i) {
-  const double offset = rank < n - 1 ? rank : -static_cast<double>((n - 1) * (n - 2) / 2);
-  return avg_base(i) + offset;
-}
 
 Tensor make(DType dtype, const std::vector<double>& values) {
   const auto count = static_cast<int64_t>(values.size());
@@ -239,230 +231,12 @@ double fold(int n, const std::function<double(int)>& of_rank, ReduceOp op) {
   return acc;
 }
 
-TEST(MpiWorker, AllReduceEveryOpDtypeAndCount) {
+// The suite every backend runs (comm/conformance.h).
+TEST(MpiWorker, Conformance) {
   SKIP_UNLESS_WORKER();
   auto world = MpiCommunicator::create_world();
   EXPECT_STREQ(world->backend(), "mpi");
-  const int n = world->size();
-  const int me = world->rank();
-  for (int64_t count : kCounts) {
-    // Inputs and the exact results, from the generators, once per count.
-    const auto size = static_cast<size_t>(count);
-    std::vector<double> input(size), sum(size, 0), max(size, -1e9), min(size, 1e9), avg_input(size), avg(size);
-    for (int64_t i = 0; i < count; ++i) {
-      const auto k = static_cast<size_t>(i);
-      input[k] = small_value(me, i);
-      for (int r = 0; r < n; ++r) {
-        sum[k] += small_value(r, i);
-        max[k] = std::max(max[k], small_value(r, i));
-        min[k] = std::min(min[k], small_value(r, i));
-      }
-      avg_input[k] = avg_value(me, n, i);
-      avg[k] = avg_base(i);
-    }
-    for (DType dtype : kDtypes) {
-      const std::vector<std::pair<ReduceOp, const std::vector<double>*>> cases = {
-          {ReduceOp::sum, &sum}, {ReduceOp::max, &max}, {ReduceOp::min, &min}, {ReduceOp::avg, &avg}};
-      for (const auto& [op, expected] : cases) {
-        if (op == ReduceOp::avg && !is_floating(dtype)) continue;
-        const Tensor t = make(dtype, op == ReduceOp::avg ? avg_input : input);
-        world->all_reduce(t, op);
-        EXPECT_TRUE(holds(t, *expected)) << reduce_op_name(op) << " of " << count;
-      }
-    }
-  }
-}
-
-// Floats with random signs, mantissas and exponents: sums round differently in each order.
-float scrambled(int rank, int64_t i) {
-  uint64_t z =
-      static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank + 1) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  const uint32_t sign = static_cast<uint32_t>(z >> 63) << 31;
-  const uint32_t exponent = static_cast<uint32_t>(127 - 12 + (z >> 40) % 25) << 23;
-  const uint32_t mantissa = static_cast<uint32_t>(z) & 0x7fffff;
-  const uint32_t bits = sign | exponent | mantissa;
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-// tree_reduce's documented order, written out for the group sizes these tests run.
-float hand_tree(int n, int64_t i) {
-  auto x = [&](int r) { return scrambled(r, i); };
-  switch (n) {
-    case 1:
-      return x(0);
-    case 2:
-      return x(0) + x(1);
-    case 3:
-      return (x(0) + x(1)) + x(2);
-    case 4:
-      return (x(0) + x(1)) + (x(2) + x(3));
-  }
-  ADD_FAILURE() << "no hand-written tree for " << n << " ranks";
-  return 0;
-}
-
-uint32_t bits_of(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-
-void expect_tree_bits(const Tensor& t, int n) {
-  const float* got = t.data<float>();
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) wrong += bits_of(got[i]) != bits_of(hand_tree(n, i));
-  EXPECT_EQ(wrong, 0) << "of " << t.numel() << " elements";
-}
-
-TEST(MpiWorker, F32SumIsBitwiseTheTreeInRankOrder) {
-  SKIP_UNLESS_WORKER();
-  auto world = MpiCommunicator::create_world();
-  const int n = world->size();
-  const int me = world->rank();
-  const int64_t count = 100003;
-  auto fresh = [&] {
-    const Tensor t = Tensor::empty({count});
-    for (int64_t i = 0; i < count; ++i) t.data<float>()[i] = scrambled(me, i);
-    return t;
-  };
-  // The inputs can tell orders apart: another order gives other bits somewhere.
-  if (n >= 3) {
-    int64_t differ = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      float other = scrambled(n - 1, i);
-      for (int r = n - 2; r >= 0; --r) other = scrambled(r, i) + other;
-      differ += bits_of(other) != bits_of(hand_tree(n, i));
-    }
-    EXPECT_GT(differ, 100);
-  }
-  const Tensor whole = fresh();
-  world->all_reduce(whole);
-  expect_tree_bits(whole, n);
-  // In pieces, and with each rank asking for another piece size (rank 0's applies to all).
-  world->set_max_message_bytes(static_cast<size_t>(1000 + 24 * me));
-  const Tensor pieces = fresh();
-  world->all_reduce(pieces);
-  expect_tree_bits(pieces, n);
-}
-
-TEST(MpiWorker, ReduceScatter) {
-  SKIP_UNLESS_WORKER();
-  auto world = MpiCommunicator::create_world();
-  const int n = world->size();
-  const int me = world->rank();
-  for (size_t max_bytes : {size_t{256} << 20, size_t{64}}) {
-    world->set_max_message_bytes(max_bytes);
-    const bool pieces = max_bytes == 64;
-    for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
-      for (int64_t count : {0, 1, 7, pieces ? 100 : 1000}) {
-        for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
-          const Tensor input = make(dtype, count * n, [&](int64_t i) { return small_value(me, i); });
-          const Tensor output = Tensor::empty({count}, dtype);
-          world->reduce_scatter(input, output, op);
-          EXPECT_TRUE(holds(output,
-                            [&](int64_t j) {
-                              return fold(
-                                  n, [&](int r) { return small_value(r, me * count + j); }, op);
-                            }))
-              << reduce_op_name(op) << " of " << count << " per rank, pieces of " << max_bytes << " bytes";
-        }
-      }
-    }
-    // Output aliasing this rank's own input slice (the in-place form ZeRO uses).
-    const int64_t count = 333;
-    const Tensor input = make(DType::f64, count * n, [&](int64_t i) { return avg_value(me, n, i); });
-    const Tensor output = input.as_strided({count}, {1}, me * count);
-    world->reduce_scatter(input, output, ReduceOp::avg);
-    EXPECT_TRUE(holds(output, [&](int64_t j) { return avg_base(me * count + j); })) << "in place, " << max_bytes;
-  }
-}
-
-TEST(MpiWorker, AllGather) {
-  SKIP_UNLESS_WORKER();
-  auto world = MpiCommunicator::create_world();
-  const int n = world->size();
-  const int me = world->rank();
-  for (size_t max_bytes : {size_t{256} << 20, size_t{24}}) {
-    world->set_max_message_bytes(max_bytes);
-    const bool pieces = max_bytes == 24;
-    for (DType dtype : {DType::f32, DType::f16, DType::i32}) {
-      for (int64_t count : {0, 1, 7, pieces ? 100 : 1000}) {
-        const Tensor input = make(dtype, count, [&](int64_t j) { return small_value(me, j); });
-        const Tensor output = Tensor::full({count * n}, -99, dtype);
-        world->all_gather(input, output);
-        EXPECT_TRUE(holds(output, [&](int64_t i) { return small_value(static_cast<int>(i / count), i % count); }))
-            << count << " per rank, pieces of " << max_bytes << " bytes";
-      }
-    }
-    // Input already in its place in the output.
-    const int64_t count = 101;
-    const Tensor output = Tensor::full({count * n}, -99, DType::f64);
-    const Tensor own = output.as_strided({count}, {1}, me * count);
-    own.copy_from(make(DType::f64, count, [&](int64_t j) { return small_value(me, j); }));
-    world->all_gather(own, output);
-    EXPECT_TRUE(holds(output, [&](int64_t i) { return small_value(static_cast<int>(i / count), i % count); }))
-        << "in place, pieces of " << max_bytes << " bytes";
-  }
-}
-
-TEST(MpiWorker, BroadcastFromEveryRoot) {
-  SKIP_UNLESS_WORKER();
-  auto world = MpiCommunicator::create_world();
-  const int me = world->rank();
-  for (size_t max_bytes : {size_t{256} << 20, size_t{64}}) {
-    world->set_max_message_bytes(max_bytes);
-    for (int root = 0; root < world->size(); ++root) {
-      for (int64_t count : {0, 1, 1000}) {
-        const Tensor t = make(DType::i64, count, [&](int64_t i) { return small_value(me, i) + 1000 * me; });
-        world->broadcast(t, root);
-        EXPECT_TRUE(holds(t, [&](int64_t i) { return small_value(root, i) + 1000 * root; }))
-            << "root " << root << ", " << count << " elements, pieces of " << max_bytes;
-      }
-    }
-  }
-}
-
-TEST(MpiWorker, SendRecvRingWithTags) {
-  SKIP_UNLESS_WORKER();
-  auto world = MpiCommunicator::create_world();
-  const int n = world->size();
-  if (n < 2) GTEST_SKIP() << "needs two ranks";
-  const int me = world->rank();
-  const int next = (me + 1) % n;
-  const int prev = (me + n - 1) % n;
-  for (size_t max_bytes : {size_t{256} << 20, size_t{4096}}) {
-    world->set_max_message_bytes(max_bytes);
-    const int64_t count = 300001;  // large enough for MPI's rendezvous protocol
-    const Tensor out = make(DType::f32, count, [&](int64_t i) { return small_value(me, i); });
-    const Tensor in = Tensor::zeros({count});
-    // Even ranks send first, odd ranks receive first: blocking sends around a ring cannot all
-    // go first.
-    if (me % 2 == 0) {
-      world->send(out, next, 100 + me);
-      world->recv(in, prev, 100 + prev);
-    } else {
-      world->recv(in, prev, 100 + prev);
-      world->send(out, next, 100 + me);
-    }
-    EXPECT_TRUE(holds(in, [&](int64_t i) { return small_value(prev, i); })) << "pieces of " << max_bytes;
-  }
-  // Tags select the message: two small ones, received in the other order.
-  world->set_max_message_bytes(size_t{256} << 20);
-  const Tensor a = make(DType::i32, 5, [&](int64_t i) { return 10 * me + i; });
-  const Tensor b = make(DType::i32, 3, [&](int64_t i) { return -10 * me - i; });
-  world->send(a, next, 7);
-  world->send(b, next, 9);
-  const Tensor got_b = Tensor::zeros({3}, DType::i32);
-  const Tensor got_a = Tensor::zeros({5}, DType::i32);
-  world->recv(got_b, prev, 9);
-  world->recv(got_a, prev, 7);
-  EXPECT_TRUE(holds(got_a, [&](int64_t i) { return 10.0 * prev + static_cast<double>(i); }));
-  EXPECT_TRUE(holds(got_b, [&](int64_t i) { return -10.0 * prev - static_cast<double>(i); }));
+  testing::run_conformance(*world);
 }
 
 TEST(MpiWorker, RecvNamesBothSizesAndDtypesOnAMismatch) {
@@ -498,60 +272,6 @@ TEST(MpiWorker, RecvNamesBothSizesAndDtypesOnAMismatch) {
   }
 }
 
-TEST(MpiWorker, BarrierWaitsForEveryRank) {
-  SKIP_UNLESS_WORKER();
-  const char* dir = std::getenv("LOCKSTEP_MPI_TEST_DIR");
-  ASSERT_NE(dir, nullptr);
-  auto world = MpiCommunicator::create_world();
-  const int me = world->rank();
-  // Later ranks arrive later; after the barrier every rank's mark must be there.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50 * me));
-  std::ofstream(std::string(dir) + "/arrived." + std::to_string(me)) << me;
-  world->barrier();
-  for (int r = 0; r < world->size(); ++r) {
-    EXPECT_TRUE(std::filesystem::exists(std::string(dir) + "/arrived." + std::to_string(r))) << "rank " << r;
-  }
-}
-
-TEST(MpiWorker, SplitByParityWithReversedKeys) {
-  SKIP_UNLESS_WORKER();
-  auto world = MpiCommunicator::create_world();
-  const int n = world->size();
-  const int me = world->rank();
-  auto group = world->split(me % 2, -me);
-  ASSERT_NE(group, nullptr);
-  EXPECT_STREQ(group->backend(), "mpi");
-  std::vector<int> members;  // old ranks of my parity, highest first (key -rank)
-  for (int r = n - 1; r >= 0; --r) {
-    if (r % 2 == me % 2) members.push_back(r);
-  }
-  ASSERT_EQ(group->size(), static_cast<int>(members.size()));
-  EXPECT_EQ(members[static_cast<size_t>(group->rank())], me);
-  const Tensor mine = Tensor::full({1}, me, DType::i32);
-  const Tensor gathered = Tensor::zeros({group->size()}, DType::i32);
-  group->all_gather(mine, gathered);
-  EXPECT_TRUE(holds(gathered, [&](int64_t i) { return members[static_cast<size_t>(i)]; }));
-  const Tensor sum = Tensor::full({3}, me, DType::i64);
-  group->all_reduce(sum);
-  double want = 0;
-  for (int r : members) want += r;
-  EXPECT_TRUE(holds(sum, [&](int64_t) { return want; }));
-  // Negative color: no part, nullptr; the others form a group of n - 1.
-  auto rest = world->split(me == 0 ? -1 : 0, me);
-  if (me == 0) {
-    EXPECT_EQ(rest, nullptr);
-  } else {
-    ASSERT_NE(rest, nullptr);
-    EXPECT_EQ(rest->size(), n - 1);
-    EXPECT_EQ(rest->rank(), me - 1);
-    rest->barrier();
-  }
-  // The parent still works after splitting.
-  const Tensor t = Tensor::full({2}, 1.0);
-  world->all_reduce(t);
-  EXPECT_TRUE(holds(t, [&](int64_t) { return n; }));
-}
-
 TEST(MpiWorker, MismatchedCountsFailEveryRankNamingBoth) {
   SKIP_UNLESS_WORKER();
   auto world = MpiCommunicator::create_world();
@@ -585,36 +305,6 @@ TEST(MpiWorker, TensorOffTheCpuFailsEveryRank) {
     EXPECT_NE(message.find("rank 0 passed a tensor on cuda:0"), std::string::npos) << message;
     EXPECT_NE(message.find("nccl backend"), std::string::npos) << message;
   }
-}
-
-TEST(MpiWorker, AsyncCollectivesRunInCallOrder) {
-  SKIP_UNLESS_WORKER();
-  auto world = MpiCommunicator::create_world();
-  const int n = world->size();
-  const int me = world->rank();
-  std::vector<Tensor> tensors;
-  std::vector<Work> works;
-  for (int k = 0; k < 6; ++k) {
-    tensors.push_back(make(DType::f32, 1000 * k + 1, [&](int64_t i) { return small_value(me, i + k); }));
-    works.push_back(world->all_reduce_async(tensors.back()));
-  }
-  const Tensor output = Tensor::zeros({n}, DType::i64);
-  const Work gather = world->all_gather_async(Tensor::full({1}, me, DType::i64), output);
-  // A synchronous call waits behind the queued ones.
-  const Tensor sync = Tensor::full({1}, 1.0);
-  world->all_reduce(sync);
-  EXPECT_TRUE(holds(sync, [&](int64_t) { return n; }));
-  for (const Work& work : works) work.wait();
-  gather.wait();
-  for (int k = 0; k < 6; ++k) {
-    EXPECT_TRUE(holds(tensors[static_cast<size_t>(k)],
-                      [&](int64_t i) {
-                        return fold(
-                            n, [&](int r) { return small_value(r, i + k); }, ReduceOp::sum);
-                      }))
-        << "async all_reduce " << k;
-  }
-  EXPECT_TRUE(holds(output, [&](int64_t i) { return static_cast<double>(i); }));
 }
 
 TEST(MpiWorker, WorldCanBeCreatedAgainAfterDestruction) {
