@@ -26,8 +26,8 @@
 #ifdef LOCKSTEP_HAVE_MPI
 #include <mpi.h>
 
-#include "lockstep/comm/mpi_communicator.h"
-#include "lockstep/comm/mpi_process.h"
+#include "lockstep/comm/mpi/mpi_communicator.h"
+#include "lockstep/comm/mpi/mpi_process.h"
 #endif
 
 namespace lockstep::comm {

@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/comm/cuda/nccl_communicator.h"
 #include "lockstep/comm/cuda/tree_reduce_kernel.h"
-#include "lockstep/comm/nccl_communicator.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/tree_reduce.h"
 #include "lockstep/core/storage.h"

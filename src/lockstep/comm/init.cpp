@@ -5,10 +5,10 @@
 #include "lockstep/comm/launch_env.h"
 #include "lockstep/comm/shm_communicator.h"
 #if LOCKSTEP_HAVE_MPI
-#include "lockstep/comm/mpi_communicator.h"
+#include "lockstep/comm/mpi/mpi_communicator.h"
 #endif
 #if LOCKSTEP_HAVE_NCCL
-#include "lockstep/comm/nccl_communicator.h"
+#include "lockstep/comm/cuda/nccl_communicator.h"
 #endif
 
 namespace lockstep::comm {

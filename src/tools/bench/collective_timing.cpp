@@ -7,7 +7,7 @@
 #if LOCKSTEP_HAVE_MPI
 #include <mpi.h>
 
-#include "lockstep/comm/mpi_process.h"
+#include "lockstep/comm/mpi/mpi_process.h"
 #endif
 
 namespace lockstep::tools {

@@ -9,8 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "lockstep/comm/cuda/nccl_communicator.h"
 #include "lockstep/comm/cuda/nccl_support.h"
-#include "lockstep/comm/nccl_communicator.h"
 
 namespace lockstep::comm {
 

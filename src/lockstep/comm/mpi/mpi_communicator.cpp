@@ -1,4 +1,4 @@
-#include "lockstep/comm/mpi_communicator.h"
+#include "lockstep/comm/mpi/mpi_communicator.h"
 
 #include <mpi.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/comm/mpi_process.h"
+#include "lockstep/comm/mpi/mpi_process.h"
 #include "lockstep/comm/slices.h"
 #include "lockstep/comm/tree_reduce.h"
 

@@ -1,4 +1,4 @@
-#include "lockstep/comm/nccl_communicator.h"
+#include "lockstep/comm/cuda/nccl_communicator.h"
 
 #include <algorithm>
 #include <cstring>

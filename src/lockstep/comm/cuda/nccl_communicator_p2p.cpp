@@ -5,8 +5,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "lockstep/comm/cuda/nccl_communicator.h"
 #include "lockstep/comm/cuda/nccl_state.h"
-#include "lockstep/comm/nccl_communicator.h"
 
 namespace lockstep::comm {
 namespace {

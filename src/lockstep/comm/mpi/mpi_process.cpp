@@ -1,4 +1,4 @@
-#include "lockstep/comm/mpi_process.h"
+#include "lockstep/comm/mpi/mpi_process.h"
 
 #include <mpi.h>
 
