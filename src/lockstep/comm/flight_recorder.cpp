@@ -79,14 +79,6 @@ CallState parse_state(const std::string& name) {
   throw Error("unknown call state '" + name.substr(0, 20) + "'");
 }
 
-std::string seconds_text(int64_t ms) {
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(ms < 10000 ? 1 : 0);
-  out << static_cast<double>(std::max<int64_t>(0, ms)) / 1000 << " s";
-  return out.str();
-}
-
 }  // namespace
 
 std::string flight_report_json(const FlightReport& r) {
@@ -179,6 +171,14 @@ FlightReport parse_flight_report(const std::string& text) {
   }
 }
 
+std::string describe_duration(int64_t ms) {
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(ms < 10000 ? 1 : 0);
+  out << static_cast<double>(std::max<int64_t>(0, ms)) / 1000 << " s";
+  return out.str();
+}
+
 std::string describe_call(const FlightCall& c) {
   std::ostringstream out;
   const bool point_to_point = c.call == "send" || c.call == "recv";
@@ -210,7 +210,7 @@ std::string describe_activity(const FlightActivity& a) {
 std::string describe_flight_report(const FlightReport& r, int64_t now_ms) {
   std::ostringstream out;
   out << "rank " << r.rank << " (pid " << r.pid << "): " << describe_activity(r.activity) << " for "
-      << seconds_text(now_ms - r.activity.since_ms) << "\n";
+      << describe_duration(now_ms - r.activity.since_ms) << "\n";
   const FlightCall* last_ended = nullptr;
   for (const FlightCall& c : r.calls) {
     if (c.state == CallState::done || c.state == CallState::failed) {
@@ -221,12 +221,12 @@ std::string describe_flight_report(const FlightReport& r, int64_t now_ms) {
     if (c.state == CallState::failed) {
       out << ": " << c.error.substr(0, 200);
     } else {
-      out << " for " << seconds_text(now_ms - (c.started_ms > 0 ? c.started_ms : c.issued_ms));
+      out << " for " << describe_duration(now_ms - (c.started_ms > 0 ? c.started_ms : c.issued_ms));
     }
     out << "\n";
   }
   if (last_ended != nullptr && last_ended->state == CallState::done) {
-    out << "  last done: " << describe_call(*last_ended) << ", " << seconds_text(now_ms - last_ended->ended_ms)
+    out << "  last done: " << describe_call(*last_ended) << ", " << describe_duration(now_ms - last_ended->ended_ms)
         << " ago\n";
   }
   if (!r.failure.empty()) out << "  failure: " << r.failure.substr(0, 300) << "\n";

@@ -80,6 +80,8 @@ std::string flight_report_json(const FlightReport& report);
 FlightReport parse_flight_report(const std::string& json);
 // "all_reduce #4411 on world (1000 f32, sum)", "recv from rank 1 on world (tag 3, 64 f32)".
 std::string describe_call(const FlightCall& call);
+// "0.4 s", "31 s": how the records and the verdict say how long something has lasted.
+std::string describe_duration(int64_t ms);
 // "backward of step 812, micro-batch 2".
 std::string describe_activity(const FlightActivity& activity);
 // A few lines: the activity, the calls that have not ended, the last that did. SIGUSR2's

@@ -32,14 +32,6 @@ std::string rank_list(std::vector<int> ranks) {
   return out.str();
 }
 
-std::string seconds(int64_t ms) {
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(ms < 10000 ? 1 : 0);
-  out << static_cast<double>(std::max<int64_t>(0, ms)) / 1000 << " s";
-  return out.str();
-}
-
 // The call a rank is held in: its oldest that has not ended, or else the last that failed
 // (what a rank's record says after a peer died under it).
 const FlightCall* held_in(const FlightReport& report) {
@@ -153,25 +145,26 @@ std::string hang_verdict(const std::vector<std::optional<comm::FlightReport>>& r
   for (const auto& [activity, clause] : frozen) {
     const bool one = clause.ranks.size() == 1;
     clauses.push_back(rank_list(clause.ranks) + (one ? " has" : " have") + " not written a record for " +
-                      seconds(clause.longest_ms) + " (stopped or frozen): " + (one ? "it was" : "they were") + " in " +
-                      activity);
+                      comm::describe_duration(clause.longest_ms) +
+                      " (stopped or frozen): " + (one ? "it was" : "they were") + " in " + activity);
   }
   for (const auto& [activity, clause] : holding_back) {
     const bool one = clause.ranks.size() == 1;
-    clauses.push_back(rank_list(clause.ranks) + (one ? " holds" : " hold") + " the others back: " +
-                      (one ? "it is" : "they are") + " in " + activity + ", for " + seconds(clause.longest_ms));
+    clauses.push_back(rank_list(clause.ranks) + (one ? " holds" : " hold") +
+                      " the others back: " + (one ? "it is" : "they are") + " in " + activity + ", for " +
+                      comm::describe_duration(clause.longest_ms));
   }
   for (const auto& [call, clause] : waiting) {
     clauses.push_back(rank_list(clause.ranks) + (clause.ranks.size() == 1 ? " waits" : " wait") + " in " + call +
-                      " for " + seconds(clause.longest_ms));
+                      " for " + comm::describe_duration(clause.longest_ms));
   }
   for (const auto& [call, clause] : waited) {
-    clauses.push_back(rank_list(clause.ranks) + " waited in " + call + " for " + seconds(clause.longest_ms) +
-                      " until it failed");
+    clauses.push_back(rank_list(clause.ranks) + " waited in " + call + " for " +
+                      comm::describe_duration(clause.longest_ms) + " until it failed");
   }
   for (const auto& [activity, clause] : elsewhere) {
     clauses.push_back(rank_list(clause.ranks) + (clause.ranks.size() == 1 ? " is" : " are") + " in " + activity +
-                      ", for " + seconds(clause.longest_ms));
+                      ", for " + comm::describe_duration(clause.longest_ms));
   }
   for (const auto& [activity, clause] : exited) {
     clauses.push_back(rank_list(clause.ranks) + " exited after " + activity);

@@ -15,6 +15,7 @@
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/core/error.h"
 #include "tools/common/command_testing.h"
+#include "tools/common/flight_testing.h"
 #include "tools/common/test_hosts.h"
 
 namespace lockstep {
@@ -82,18 +83,7 @@ TEST_F(MultiHost, ARankKilledOnOneHostEndsTheJobOnBoth) {
   });
   // Rank 3 (the second host's second rank) says in its flight record when it trains, and
   // its pid.
-  pid_t rank3 = 0;
-  for (int i = 0; i < 600 && rank3 == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::ifstream in(flight / "rank3.flight.json");
-    if (!in) continue;
-    try {
-      const comm::FlightReport report =
-          comm::parse_flight_report({std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()});
-      if (report.activity.step >= 3) rank3 = static_cast<pid_t>(report.pid);
-    } catch (const Error&) {
-    }
-  }
+  const pid_t rank3 = wait_for_step(flight / "rank3.flight.json", 3);
   ASSERT_GT(rank3, 0) << "rank 3 never reached step 3";
   const auto killed = std::chrono::steady_clock::now();
   kill(rank3, SIGKILL);

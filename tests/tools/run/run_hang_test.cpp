@@ -18,6 +18,7 @@
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/comm/init.h"
 #include "tools/common/command_testing.h"
+#include "tools/common/flight_testing.h"
 
 namespace lockstep {
 namespace {
@@ -126,18 +127,7 @@ TEST_F(RunHang, AFrozenLockstepTrainRankIsNamed) {
                      (logs_ / "out").string());
   });
   // Rank 1's own record says when it is well into training, and its pid.
-  pid_t rank1 = 0;
-  for (int i = 0; i < 600 && rank1 == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::ifstream in(logs_ / "flight" / "rank1.flight.json");
-    if (!in) continue;
-    try {
-      const comm::FlightReport report =
-          comm::parse_flight_report({std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()});
-      if (report.activity.step >= 5) rank1 = static_cast<pid_t>(report.pid);
-    } catch (const Error&) {
-    }
-  }
+  const pid_t rank1 = wait_for_step(logs_ / "flight" / "rank1.flight.json", 5);
   ASSERT_GT(rank1, 0) << "rank 1 never reached step 5";
   kill(rank1, SIGSTOP);
   const Result r = launcher.get();
