@@ -31,6 +31,7 @@
 #include "tools/common/run_dir.h"
 #include "tools/train/device_report.h"
 #include "tools/train/printable_text.h"
+#include "tools/train/state_mismatch.h"
 #include "tools/train/train_plan.h"
 #include "tools/train/train_recipe.h"
 #include "tools/train/train_strategy.h"
@@ -162,8 +163,11 @@ ReplicaFactory replica_factory(const TrainPlan& plan, const TrainTask& task) {
       try {
         replica->load_state_dict(init->tensors);
       } catch (const Error& e) {
+        // One line that says what differs; the library's report has a line per key.
+        const std::string differs = describe_state_mismatch(init->tensors, replica->state_dict());
         LOCKSTEP_FAIL() << "--init " << plan.settings.init_file << " does not fit model '" << plan.settings.model
-                        << "': " << e.what();
+                        << "': " << (differs.empty() ? std::string(e.what()) : differs)
+                        << " (weights of another model, or another shape flag?)";
       }
     }
     return replica;
