@@ -24,6 +24,7 @@
 #include "lockstep/comm/cuda/tree_reduce_kernel.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/tree_reduce.h"
+#include "lockstep/core/cuda_device.h"
 #include "lockstep/core/storage.h"
 #include "lockstep/core/tensor.h"
 
@@ -45,7 +46,9 @@ int cuda_devices() {
 #define REQUIRE_CUDA_DEVICES(k)                                                                               \
   do {                                                                                                        \
     const int available = cuda_devices();                                                                     \
-    if (available == 0) GTEST_SKIP() << "no CUDA device";                                                     \
+    if (available == 0 && ::lockstep::cuda::cuda_required())                                                  \
+      FAIL() << "no CUDA device: " << ::lockstep::cuda::unavailable_reason();                                 \
+    if (available == 0) GTEST_SKIP() << "no CUDA device: " << ::lockstep::cuda::unavailable_reason();         \
     if (available < (k))                                                                                      \
       GTEST_SKIP() << "needs " << (k) << " CUDA devices (NCCL allows one rank per GPU), found " << available; \
   } while (0)

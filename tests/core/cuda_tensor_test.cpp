@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "lockstep/core/allocator.h"
@@ -47,6 +50,27 @@ TEST(CudaTensor, WithoutAGpuTheErrorSaysWhy) {
         << message;
   }
   EXPECT_THROW(memory_stats(kCuda0), Error);
+  // The reason is kept, whatever it is here: no backend, no driver, a driver too old.
+  EXPECT_FALSE(cuda::unavailable_reason().empty());
+}
+
+// The GPU check sets LOCKSTEP_REQUIRE_CUDA=1: there, a CUDA test that finds no GPU fails,
+// saying why, instead of skipping (a run that reports green without a GPU is no check).
+TEST(CudaTensor, RequiringCudaTurnsASkipIntoAFailure) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is visible";
+  if (std::getenv("LOCKSTEP_REQUIRE_CUDA") != nullptr) GTEST_SKIP() << "this is the child run";
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::string command =
+      "LOCKSTEP_REQUIRE_CUDA=1 " + self + " --gtest_filter='Devices/CudaElementwise.*/cuda' 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
+  const int status = pclose(pipe);
+  EXPECT_NE(status, 0) << output;
+  EXPECT_NE(output.find("(LOCKSTEP_REQUIRE_CUDA=1: a GPU must be there)"), std::string::npos) << output;
+  EXPECT_EQ(output.find("[  SKIPPED ]"), std::string::npos) << output;
 }
 
 TEST(CudaTensor, FillKeepsNegativeZeroOnTheCpu) {

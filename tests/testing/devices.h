@@ -24,18 +24,23 @@ inline std::string device_case_name(const ::testing::TestParamInfo<Device>& info
 inline std::string missing_device(Device device, int count = 1) {
   if (!device.is_cuda()) return "";
   if (!cuda::built()) return "this build has no CUDA backend";
-  if (cuda::device_count() < count)
+  if (cuda::device_count() < count) {
+    const std::string why = cuda::unavailable_reason();
     return "needs " + std::to_string(count) + " CUDA device(s), this machine has " +
-           std::to_string(cuda::device_count());
+           std::to_string(cuda::device_count()) + (why.empty() ? "" : ": " + why);
+  }
   return "";
 }
 
 }  // namespace lockstep::testing
 
-// Skips the current test unless `device` (and, for cuda, that many devices) is available.
+// Skips the current test unless `device` (and, for cuda, that many devices) is available;
+// under LOCKSTEP_REQUIRE_CUDA=1 (the GPU check) it fails instead, so "no GPU" cannot pass.
 #define LOCKSTEP_SKIP_UNLESS_DEVICE(device, ...)                                                                 \
   do {                                                                                                           \
     const std::string lockstep_missing = ::lockstep::testing::missing_device(device __VA_OPT__(, ) __VA_ARGS__); \
+    if (!lockstep_missing.empty() && ::lockstep::cuda::cuda_required())                                          \
+      FAIL() << lockstep_missing << " (LOCKSTEP_REQUIRE_CUDA=1: a GPU must be there)";                           \
     if (!lockstep_missing.empty()) GTEST_SKIP() << lockstep_missing;                                             \
   } while (0)
 

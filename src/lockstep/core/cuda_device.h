@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
+#include <string>
 
 #include "lockstep/core/allocator.h"
 #include "lockstep/core/device.h"
@@ -20,6 +22,17 @@ bool built();
 // a GPU (never throws).
 int device_count();
 int devices_per_gpu();
+// Why there is no CUDA device ("" when there is one): no backend in this build, or the CUDA
+// error that counting the GPUs gave, named and explained ("cudaErrorInsufficientDriver: CUDA
+// driver version is insufficient for CUDA runtime version" when the driver is older than
+// the runtime), so "no GPU" is never silent.
+std::string unavailable_reason();
+// LOCKSTEP_REQUIRE_CUDA=1: a machine where CUDA must work (a GPU check), so a test that
+// would skip for want of a CUDA device fails instead.
+inline bool cuda_required() {
+  const char* required = std::getenv("LOCKSTEP_REQUIRE_CUDA");
+  return required != nullptr && std::string(required) == "1";
+}
 // The CUDA runtime's index of the GPU that logical device cuda:N runs on; throws Error
 // naming the visible devices when N is out of range.
 int physical_device(Device device);

@@ -22,6 +22,9 @@ namespace {
 
 bool built() { return false; }
 int device_count() { return 0; }
+std::string unavailable_reason() {
+  return "this build of Lockstep has no CUDA backend (it is built when nvcc and NCCL are found)";
+}
 int devices_per_gpu() { return 1; }
 int physical_device(Device device) { unavailable(device); }
 void synchronize(Device device) { unavailable(device); }

@@ -33,29 +33,46 @@ int devices_per_gpu() {
 
 namespace {
 
-int gpu_count() {
-  static const int count = [] {
-    int n = 0;
-    // No driver, no GPU or a broken install all mean: no CUDA devices here.
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+struct GpuCount {
+  int count = 0;
+  std::string error;  // why counting failed: no driver, a driver too old, no GPU
+};
+
+const GpuCount& gpu_count() {
+  static const GpuCount counted = [] {
+    GpuCount c;
+    // No driver, no GPU or a broken install all mean no CUDA devices here; the error is
+    // kept, for whoever asks why.
+    if (const cudaError_t rc = cudaGetDeviceCount(&c.count); rc != cudaSuccess) {
       cudaGetLastError();
-      return 0;
+      c.count = 0;
+      c.error = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc);
+    } else if (c.count == 0) {
+      c.error = "the CUDA runtime sees no GPU";
     }
-    return n;
+    if (!c.error.empty()) {
+      if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+        c.error += std::string(" (CUDA_VISIBLE_DEVICES='") + visible + "')";
+      }
+    }
+    return c;
   }();
-  return count;
+  return counted;
 }
 
 }  // namespace
 
-int device_count() { return gpu_count() * devices_per_gpu(); }
+int device_count() { return gpu_count().count * devices_per_gpu(); }
+
+std::string unavailable_reason() { return gpu_count().error; }
 
 int physical_device(Device device) {
   LOCKSTEP_CHECK(device.is_cuda()) << device << " is not a CUDA device";
   const int count = device_count();
   LOCKSTEP_CHECK(device.index() >= 0 && device.index() < count)
       << "device " << device << " does not exist: "
-      << (count == 0 ? std::string("no GPU is visible to this process (check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+      << (count == 0 ? "no GPU is visible to this process (" + unavailable_reason() +
+                           "; check nvidia-smi and CUDA_VISIBLE_DEVICES)"
                      : "this process sees cuda:0 to cuda:" + std::to_string(count - 1));
   return device.index() / devices_per_gpu();
 }
