@@ -68,6 +68,11 @@ struct GpuDevice {
   std::optional<uint64_t> ecc_uncorrected_volatile, ecc_corrected_volatile;
   std::optional<unsigned> retired_pages;      // single + double bit, all time
   std::optional<bool> retired_pages_pending;  // a retirement waits for the next reset
+  // Row remapping (A100, H100 and later, which retire no pages): rows remapped for
+  // correctable and for uncorrectable errors, a remap waiting for the next reset, a remap
+  // that failed (the GPU is out of spare rows).
+  std::optional<unsigned> remapped_rows_correctable, remapped_rows_uncorrectable;
+  std::optional<bool> remap_pending, remap_failed;
 
   std::vector<GpuProcess> processes;  // compute processes
   // Calls that failed for this device: "nvmlDeviceGetPowerUsage: Not Supported".

@@ -215,6 +215,19 @@ class DeviceReader {
       }
     }
     read_retired_pages();
+    read_remapped_rows();
+  }
+
+  void read_remapped_rows() {
+    unsigned correctable = 0, uncorrectable = 0, pending = 0, failed = 0;
+    if (!nvml_.remapped_rows) return (void)note_missing(nvml_.remapped_rows.name);
+    const nvmlReturn_t code = nvml_.remapped_rows.fn(handle_, &correctable, &uncorrectable, &pending, &failed);
+    if (code == NVML_ERROR_NOT_SUPPORTED) return;  // before Ampere: pages are retired instead
+    if (!check(nvml_.remapped_rows.name, code)) return;
+    device_.remapped_rows_correctable = correctable;
+    device_.remapped_rows_uncorrectable = uncorrectable;
+    device_.remap_pending = pending != 0;
+    device_.remap_failed = failed != 0;
   }
 
   void read_retired_pages() {
@@ -226,6 +239,8 @@ class DeviceReader {
       unsigned count = 0;
       unsigned long long unused_address = 0;
       nvmlReturn_t code = nvml_.retired_pages.fn(handle_, cause, &count, &unused_address);
+      // Ampere and later retire no pages: they remap rows (read_remapped_rows).
+      if (code == NVML_ERROR_NOT_SUPPORTED) return;
       if (code != NVML_SUCCESS && code != NVML_ERROR_INSUFFICIENT_SIZE)
         return (void)check(nvml_.retired_pages.name, code);
       total += count;

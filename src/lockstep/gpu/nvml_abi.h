@@ -165,6 +165,10 @@ typedef nvmlReturn_t (*nvmlDeviceGetTotalEccErrors_fn)(nvmlDevice_t, nvmlMemoryE
                                                        unsigned long long* count);
 typedef nvmlReturn_t (*nvmlDeviceGetRetiredPages_fn)(nvmlDevice_t, nvmlPageRetirementCause_t, unsigned int* count,
                                                      unsigned long long* addresses);
+// Ampere and later remap rows instead of retiring pages.
+typedef nvmlReturn_t (*nvmlDeviceGetRemappedRows_fn)(nvmlDevice_t, unsigned int* correctable_rows,
+                                                     unsigned int* uncorrectable_rows, unsigned int* is_pending,
+                                                     unsigned int* failure_occurred);
 typedef nvmlReturn_t (*nvmlDeviceGetProcesses_v1_fn)(nvmlDevice_t, unsigned int* count, nvmlProcessInfo_v1_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetProcesses_fn)(nvmlDevice_t, unsigned int* count, nvmlProcessInfo_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetNvLinkState_fn)(nvmlDevice_t, unsigned int link, nvmlEnableState_t* active);

@@ -63,6 +63,7 @@ NvmlFunctions NvmlFunctions::resolve(void* library) {
   f.ecc_errors = find<nvmlDeviceGetTotalEccErrors_fn>(library, "nvmlDeviceGetTotalEccErrors");
   f.retired_pages = find<nvmlDeviceGetRetiredPages_fn>(library, "nvmlDeviceGetRetiredPages");
   f.retired_pages_pending = find<nvmlDeviceGetEnableState_fn>(library, "nvmlDeviceGetRetiredPagesPendingStatus");
+  f.remapped_rows = find<nvmlDeviceGetRemappedRows_fn>(library, "nvmlDeviceGetRemappedRows");
   f.processes = find_versions<nvmlDeviceGetProcesses_fn>(
       library, {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"});
   f.processes_v1 = find<nvmlDeviceGetProcesses_v1_fn>(library, "nvmlDeviceGetComputeRunningProcesses");

@@ -50,6 +50,7 @@ struct NvmlFunctions {
   NvmlEntry<nvmlDeviceGetTotalEccErrors_fn> ecc_errors;
   NvmlEntry<nvmlDeviceGetRetiredPages_fn> retired_pages;
   NvmlEntry<nvmlDeviceGetEnableState_fn> retired_pages_pending;
+  NvmlEntry<nvmlDeviceGetRemappedRows_fn> remapped_rows;
   NvmlVersions<nvmlDeviceGetProcesses_fn> processes;  // _v3, _v2 (nvmlProcessInfo_t)
   NvmlEntry<nvmlDeviceGetProcesses_v1_fn> processes_v1;
 

@@ -41,7 +41,7 @@ std::vector<Check> run_checks(const DoctorInput& in) {
                                check_driver_vs_nccl(in)};
   if (in.gpus.loaded() && !in.gpus.devices.empty()) {
     for (auto rule : {check_visible_devices, check_other_processes, check_gpu_leases, check_ecc, check_retired_pages,
-                      check_throttling, check_persistence, check_topology}) {
+                      check_row_remapping, check_throttling, check_persistence, check_topology}) {
       checks.push_back(rule(in));
     }
   }

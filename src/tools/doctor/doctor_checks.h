@@ -58,6 +58,7 @@ Check check_other_processes(const DoctorInput& in);
 Check check_gpu_leases(const DoctorInput& in);
 Check check_ecc(const DoctorInput& in);
 Check check_retired_pages(const DoctorInput& in);
+Check check_row_remapping(const DoctorInput& in);
 Check check_throttling(const DoctorInput& in);
 Check check_persistence(const DoctorInput& in);
 Check check_topology(const DoctorInput& in);

@@ -1,6 +1,6 @@
 // The rules about the driver and the GPUs' health: NVML loaded, every GPU seen, driver vs
 // the CUDA runtime and NCCL this build uses, other users' processes, ECC, retired pages,
-// throttling, persistence mode.
+// remapped rows, throttling, persistence mode.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -265,8 +265,10 @@ Check check_ecc(const DoctorInput& in) {
 
 Check check_retired_pages(const DoctorInput& in) {
   Check c{"retired-pages", Status::kPass, "", "", {}};
-  std::vector<std::string> pending, retired;
+  std::vector<std::string> pending, retired, unread;
   for (const auto& d : in.gpus.devices) {
+    // A100, H100 and later retire no pages (NVML: Not Supported): row-remapping covers them.
+    if (!d.retired_pages && !d.remapped_rows_correctable) unread.push_back(gpu_label(d));
     if (d.retired_pages_pending == true) pending.push_back(gpu_label(d));
     if (d.retired_pages.value_or(0) > 0) {
       retired.push_back(gpu_label(d));
@@ -284,8 +286,52 @@ Check check_retired_pages(const DoctorInput& in) {
     c.status = Status::kWarn;
     c.summary = "retired memory pages on " + join(retired, ", ") + " (already taken out of use)";
     c.fix = "watch the count (nvidia-smi -q -d PAGE_RETIREMENT); a growing one means the GPU is failing";
+  } else if (!unread.empty()) {
+    // Nothing read is not nothing wrong.
+    c.status = Status::kInfo;
+    c.summary = "unknown on " + join(unread, ", ") + ": NVML gave neither retired pages nor remapped rows";
+  } else if (std::none_of(in.gpus.devices.begin(), in.gpus.devices.end(),
+                          [](const auto& d) { return d.retired_pages.has_value(); })) {
+    c.status = Status::kInfo;
+    c.summary = "these GPUs remap rows instead of retiring pages (see row-remapping)";
   } else {
     c.summary = "no retired memory pages";
+  }
+  return c;
+}
+
+Check check_row_remapping(const DoctorInput& in) {
+  Check c{"row-remapping", Status::kPass, "", "", {}};
+  std::vector<std::string> failed, pending, uncorrectable, read;
+  for (const auto& d : in.gpus.devices) {
+    if (!d.remapped_rows_correctable) continue;
+    read.push_back(gpu_label(d));
+    if (d.remap_failed == true) failed.push_back(gpu_label(d));
+    if (d.remap_pending == true) pending.push_back(gpu_label(d));
+    if (d.remapped_rows_uncorrectable.value_or(0) > 0) uncorrectable.push_back(gpu_label(d));
+    if (*d.remapped_rows_correctable > 0 || d.remapped_rows_uncorrectable.value_or(0) > 0) {
+      c.details.push_back(gpu_label(d) + ": " + std::to_string(*d.remapped_rows_correctable) +
+                          " rows remapped for correctable errors, " +
+                          std::to_string(d.remapped_rows_uncorrectable.value_or(0)) + " for uncorrectable ones");
+    }
+  }
+  if (read.empty()) {
+    c.status = Status::kInfo;
+    c.summary = "not reported by these GPUs (before Ampere they retire pages instead; see retired-pages)";
+  } else if (!failed.empty()) {
+    c.status = Status::kFail;
+    c.summary = "a row remap failed on " + join(failed, ", ") + ": the GPU has no spare rows left";
+    c.fix = "take the GPU out of service and have it replaced (nvidia-smi -q -d ROW_REMAPPER)";
+  } else if (!pending.empty()) {
+    c.status = Status::kFail;
+    c.summary = "a row remap is pending on " + join(pending, ", ") + ": the bad rows stay in use until a reset";
+    c.fix = "drain the node and reset the GPU (nvidia-smi -r -i <index>) or reboot";
+  } else if (!uncorrectable.empty()) {
+    c.status = Status::kWarn;
+    c.summary = "rows remapped for uncorrectable errors on " + join(uncorrectable, ", ") + " (already replaced)";
+    c.fix = "watch the count (nvidia-smi -q -d ROW_REMAPPER); a growing one means the GPU is failing";
+  } else {
+    c.summary = "no row remap pending or failed (" + std::to_string(read.size()) + " GPUs that remap rows)";
   }
   return c;
 }

@@ -321,6 +321,19 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t h, nvmlPageRe
     return NVML_SUCCESS;
   });
 }
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t h, unsigned* correctable, unsigned* uncorrectable,
+                                                      unsigned* pending, unsigned* failure) {
+  return device_call(__func__, h, [&](Device& d) {
+    // A profile without remapped_rows is a GPU that has none (before Ampere): Not Supported.
+    for (const auto& [path, out] : {std::pair<const char*, unsigned*>{"/remapped_rows/correctable", correctable},
+                                    {"/remapped_rows/uncorrectable", uncorrectable},
+                                    {"/remapped_rows/pending", pending},
+                                    {"/remapped_rows/failure", failure}}) {
+      if (nvmlReturn_t code = reading(d, path, out); code != NVML_SUCCESS) return code;
+    }
+    return NVML_SUCCESS;
+  });
+}
 STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t h, nvmlEnableState_t* pending) {
   return device_call(__func__, h, [&](Device& d) { return reading(d, "/retired_pages/pending", pending); });
 }

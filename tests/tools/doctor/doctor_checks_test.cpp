@@ -58,7 +58,7 @@ TEST(DoctorChecks, HealthyEightGpuHostPassesEverything) {
   for (const Check& c : checks)
     EXPECT_TRUE(c.status == Status::kPass || c.status == Status::kInfo) << c.name << ": " << c.summary;
   EXPECT_EQ(exit_code(checks), 0);
-  EXPECT_EQ(checks.size(), 16u);
+  EXPECT_EQ(checks.size(), 17u);
 }
 
 TEST(DoctorChecks, ExitCodeIsTheWorstStatus) {
@@ -270,13 +270,48 @@ TEST(DoctorChecks, UncorrectedEccFails) {
 
 TEST(DoctorChecks, PendingRetirementFailsRetiredPagesWarn) {
   DoctorInput in = healthy(2);
-  in.gpus.devices[0].retired_pages = 0;
-  in.gpus.devices[0].retired_pages_pending = false;
+  // Nothing read is not a pass.
+  const Check unread = check_retired_pages(in);
+  EXPECT_EQ(unread.status, Status::kInfo);
+  EXPECT_EQ(unread.summary.rfind("unknown on GPU 0, GPU 1", 0), 0u) << unread.summary;
+  for (auto& d : in.gpus.devices) {
+    d.retired_pages = 0;
+    d.retired_pages_pending = false;
+  }
   EXPECT_EQ(check_retired_pages(in).status, Status::kPass);
   in.gpus.devices[0].retired_pages = 2;
   EXPECT_EQ(check_retired_pages(in).status, Status::kWarn);
   in.gpus.devices[0].retired_pages_pending = true;
   EXPECT_EQ(check_retired_pages(in).status, Status::kFail);
+}
+
+// A100 and H100 remap rows instead of retiring pages: a pending or failed remap fails, rows
+// remapped for uncorrectable errors warn, for correctable ones pass.
+TEST(DoctorChecks, RowRemappingOnAmpereAndLater) {
+  DoctorInput in = healthy(2);
+  EXPECT_EQ(check_row_remapping(in).status, Status::kInfo);  // GPUs that do not remap
+  for (auto& d : in.gpus.devices) {
+    d.remapped_rows_correctable = 0;
+    d.remapped_rows_uncorrectable = 0;
+    d.remap_pending = d.remap_failed = false;
+  }
+  EXPECT_EQ(check_row_remapping(in).status, Status::kPass);
+  const Check retired = check_retired_pages(in);
+  EXPECT_EQ(retired.status, Status::kInfo);
+  EXPECT_NE(retired.summary.find("remap rows instead"), std::string::npos) << retired.summary;
+  in.gpus.devices[1].remapped_rows_correctable = 5;
+  EXPECT_EQ(check_row_remapping(in).status, Status::kPass);
+  EXPECT_EQ(check_row_remapping(in).details.size(), 1u);
+  in.gpus.devices[1].remapped_rows_uncorrectable = 1;
+  EXPECT_EQ(check_row_remapping(in).status, Status::kWarn);
+  in.gpus.devices[0].remap_pending = true;
+  Check c = check_row_remapping(in);
+  EXPECT_EQ(c.status, Status::kFail);
+  EXPECT_NE(c.summary.find("pending on GPU 0"), std::string::npos) << c.summary;
+  in.gpus.devices[1].remap_failed = true;
+  c = check_row_remapping(in);
+  EXPECT_EQ(c.status, Status::kFail);
+  EXPECT_NE(c.summary.find("failed on GPU 1"), std::string::npos) << c.summary;
 }
 
 TEST(DoctorChecks, ThermalAndPowerThrottlingWarnIdleDoesNot) {
