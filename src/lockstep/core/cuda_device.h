@@ -50,5 +50,10 @@ void release(Device device, void* ptr, size_t bytes);
 MemoryStats memory_stats(Device device);
 void reset_peak_memory_stats(Device device);
 void empty_cache(Device device);
+// Page-locked host memory (cudaMallocHost): copies between it and a GPU run at the bus's
+// speed and never stage through a pageable buffer; what a checkpoint of a GPU run copies
+// into. Without the backend, ordinary memory. release_pinned_host gives back either.
+void* allocate_pinned_host(size_t bytes);
+void release_pinned_host(void* ptr);
 
 }  // namespace lockstep::cuda

@@ -35,6 +35,12 @@ void release(Device, void*, size_t) {}
 MemoryStats memory_stats(Device device) { unavailable(device); }
 void reset_peak_memory_stats(Device device) { unavailable(device); }
 void empty_cache(Device device) { unavailable(device); }
+void* allocate_pinned_host(size_t bytes) {
+  void* ptr = std::malloc(bytes == 0 ? 1 : bytes);
+  LOCKSTEP_CHECK(ptr != nullptr) << "cannot allocate " << bytes << " bytes of host memory";
+  return ptr;
+}
+void release_pinned_host(void* ptr) { std::free(ptr); }
 
 }  // namespace lockstep::cuda
 

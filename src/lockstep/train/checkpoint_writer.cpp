@@ -3,9 +3,22 @@
 #include <chrono>
 #include <cstdio>
 
+#include "lockstep/core/cuda_device.h"
+#include "lockstep/core/storage.h"
+
 namespace lockstep::train {
 
 namespace {
+
+// Where a tensor is copied to at the step boundary: host memory, page-locked for a GPU's
+// tensor so the copy runs at the bus's speed (and the step is held for less).
+Tensor host_buffer_for(const Tensor& tensor) {
+  if (!tensor.device().is_cuda()) return Tensor::empty(tensor.shape(), tensor.dtype());
+  const size_t bytes = tensor.nbytes();
+  auto storage = std::make_shared<Storage>(Device::cpu(), bytes, cuda::allocate_pinned_host(bytes),
+                                           [](void* ptr) { cuda::release_pinned_host(ptr); });
+  return Tensor::from_storage(std::move(storage), tensor.shape(), tensor.dtype());
+}
 
 bool same_layout(const NamedTensors& a, const NamedTensors& b) {
   if (a.size() != b.size()) return false;
@@ -33,8 +46,7 @@ void CheckpointWriter::write(int64_t step, const NamedTensors& tensors, Metadata
   wait();
   if (!same_layout(copies_, tensors)) {
     copies_.clear();
-    for (const auto& [name, tensor] : tensors)
-      copies_.emplace_back(name, Tensor::empty(tensor.shape(), tensor.dtype()));
+    for (const auto& [name, tensor] : tensors) copies_.emplace_back(name, host_buffer_for(tensor));
   }
   for (size_t i = 0; i < tensors.size(); ++i) copies_[i].second.copy_from(tensors[i].second);
   in_flight_ = std::async(std::launch::async, [this, step, metadata = std::move(metadata)] {

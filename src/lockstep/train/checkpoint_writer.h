@@ -1,7 +1,7 @@
 // Writes a run's checkpoints on a thread of its own, one at a time, so the steps go on while
 // the bytes go to disk: at a step boundary the state is only copied to host memory, into
-// buffers the writer keeps from one checkpoint to the next (no fresh pages to fault in), and
-// the thread writes the copy.
+// buffers the writer keeps from one checkpoint to the next (no fresh pages to fault in;
+// page-locked for a GPU's tensors), and the thread writes the copy.
 #pragma once
 
 #include <cstdint>

@@ -110,6 +110,16 @@ void reset_peak_memory_stats(Device device) {
   p.stats.peak_allocated_bytes = p.stats.allocated_bytes;
 }
 
+void* allocate_pinned_host(size_t bytes) {
+  void* ptr = nullptr;
+  LOCKSTEP_CUDA_CHECK(cudaMallocHost(&ptr, bytes == 0 ? 1 : bytes));
+  return ptr;
+}
+
+void release_pinned_host(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);  // from a destructor: an error here has nowhere to go
+}
+
 void empty_cache(Device device) {
   physical_device(device);
   Pool& p = pool(device);
