@@ -214,13 +214,16 @@ void report_failure(const RunOptions& o, const WorkerGroup& group, const std::ve
   std::fprintf(stderr, "  its whole output: %s\n", spec.log_path.c_str());
 }
 
+// What names the logs, flight records and error files of an attempt: a restart keeps those
+// of the attempt that failed.
+std::string attempt_suffix(int64_t attempt) { return attempt == 0 ? "" : ".restart" + std::to_string(attempt); }
+
 // The workers of this node for one attempt: torchrun's variables, the job's secret, logs,
 // flight records and error files under the log folder.
 std::vector<WorkerSpec> worker_specs(const RunOptions& o, int64_t attempt, int port, const std::string& secret,
                                      const std::string& threads, const GpuAssignment& assigned,
                                      const std::string& flight_dir) {
-  // A restart keeps the logs, flight records and error files of the attempt that failed.
-  const std::string suffix = attempt == 0 ? "" : ".restart" + std::to_string(attempt);
+  const std::string suffix = attempt_suffix(attempt);
   std::vector<WorkerSpec> specs;
   for (int64_t r = 0; r < o.workers; ++r) {
     WorkerSpec spec;
@@ -262,8 +265,7 @@ std::vector<WorkerSpec> worker_specs(const RunOptions& o, int64_t attempt, int p
 Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& secret, const std::string& threads,
                     const GpuAssignment& assigned, NodeGroup* nodes) {
   const int port = o.master_port > 0 ? static_cast<int>(o.master_port) : free_port();
-  const std::string flight_dir =
-      (fs::path(o.log_dir) / ("flight" + (attempt == 0 ? "" : ".restart" + std::to_string(attempt)))).string();
+  const std::string flight_dir = (fs::path(o.log_dir) / ("flight" + attempt_suffix(attempt))).string();
   std::error_code flight_error;
   fs::remove_all(flight_dir, flight_error);  // an earlier job's records in a reused --log-dir
   fs::create_directories(flight_dir, flight_error);
