@@ -46,6 +46,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual const char* backend() const = 0;  // "local", "shm", "mpi", "nccl"
+  // How all_reduce travels where the group layers it over hosts ("2 hosts x 2 ranks: shm
+  // within a host, mpi across"); "" where it is the backend's own.
+  virtual std::string route() const { return ""; }
 
   // In place: every rank's tensor ends as the reduction of all ranks' tensors.
   void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum);

@@ -5,7 +5,7 @@
 #include "lockstep/comm/launch_env.h"
 #include "lockstep/comm/shm_communicator.h"
 #if LOCKSTEP_HAVE_MPI
-#include "lockstep/comm/mpi/mpi_communicator.h"
+#include "lockstep/comm/mpi/mpi_world.h"
 #endif
 #if LOCKSTEP_HAVE_NCCL
 #include "lockstep/comm/cuda/nccl_communicator.h"
@@ -53,12 +53,7 @@ std::shared_ptr<Communicator> init_process_group(const std::string& requested, s
   if (backend == "auto") backend = info.local_world_size < info.world_size ? "mpi" : "shm";
   if (backend == "mpi") {
 #if LOCKSTEP_HAVE_MPI
-    std::shared_ptr<Communicator> world = MpiCommunicator::create_world();
-    LOCKSTEP_CHECK(world->size() == info.world_size && world->rank() == info.rank)
-        << "MPI says rank " << world->rank() << " of " << world->size() << " but the environment (" << info.launcher
-        << ") says rank " << info.rank << " of " << info.world_size << "; start the job with mpirun or srun";
-    world->set_timeout(timeout);
-    return world;
+    return create_mpi_world(info, timeout);
 #else
     LOCKSTEP_FAIL() << "this build has no MPI backend (libopenmpi-dev was not found when it was configured); "
                        "install it with scripts/install-deps and rebuild, or use --backend shm on one host";

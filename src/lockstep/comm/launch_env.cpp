@@ -194,13 +194,24 @@ std::shared_ptr<Store> rendezvous_store(const LaunchInfo& info, std::chrono::mil
       << "the ranks of this job cannot meet: the launcher (" << info.launcher
       << ") gave neither MASTER_ADDR nor a job id; set MASTER_ADDR to rank 0's host and MASTER_PORT to a free "
          "port on every rank";
+  // Rank 0 removes the directory when its store goes, as its TcpStore would stop serving.
+  return std::make_shared<FileStore>(file_store_directory(info, ""), info.rank == 0);
+}
+
+std::string file_store_directory(const LaunchInfo& info, const std::string& suffix) {
   // A tag only the job's ranks can compute: another user cannot guess the name and take the
   // directory first.
   const std::string tag_hex = to_hex(hmac_sha256(job_secret(info), "file store").substr(0, 8));
-  const std::string directory =
-      "/tmp/lockstep-rendezvous-" + sanitized(info.job_id) + "-" + std::to_string(::getuid()) + "-" + tag_hex;
-  // Rank 0 removes the directory when its store goes, as its TcpStore would stop serving.
-  return std::make_shared<FileStore>(directory, info.rank == 0);
+  return "/tmp/lockstep-rendezvous-" + sanitized(info.job_id) + "-" + std::to_string(::getuid()) + "-" + tag_hex +
+         suffix;
+}
+
+std::shared_ptr<Store> host_store(const LaunchInfo& info) {
+  LOCKSTEP_CHECK(!info.job_id.empty()) << "the ranks of this host cannot meet: the launcher (" << info.launcher
+                                       << ") gave no job id";
+  const int first_rank = info.rank - info.local_rank;  // names this host's directory among the job's
+  return std::make_shared<FileStore>(file_store_directory(info, "-host" + std::to_string(first_rank)),
+                                     info.local_rank == 0);
 }
 
 }  // namespace lockstep::comm

@@ -31,4 +31,12 @@ LaunchInfo launch_info_from_env();
 // serves it) when given, else a FileStore in a directory named by the job id.
 std::shared_ptr<Store> rendezvous_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
 
+// Where a job's FileStore lives: a directory under /tmp named by the job id, this user and a
+// tag only the job's ranks can compute, then `suffix`.
+std::string file_store_directory(const LaunchInfo& info, const std::string& suffix);
+
+// A FileStore for the ranks of this host alone (local rank 0 removes it): how they meet to
+// share memory when the job spans hosts. Needs the launcher's job id.
+std::shared_ptr<Store> host_store(const LaunchInfo& info);
+
 }  // namespace lockstep::comm

@@ -47,6 +47,7 @@ struct Options {
   bool json = false;
   std::string update_bytes = "64M";
   bool mpi_reference_only = false;  // internal: the MPI half of a local run's comparison
+  std::string route;                // how the backend's all-reduce goes, where it layers hosts
 };
 
 struct Row {
@@ -133,6 +134,7 @@ nlohmann::json row_json(const Row& row, const Options& o, int ranks, double upda
   nlohmann::json j;
   j["collective"] = collective_label(row.what);
   j["backend"] = o.backend;
+  if (!o.route.empty()) j["route"] = o.route;
   j["ranks"] = ranks;
   j["size"] = row.bytes;
   j["count"] = row.bytes / static_cast<int64_t>(dtype_size(dtype));
@@ -164,9 +166,10 @@ void print_rows(const std::vector<Row>& rows, const Options& o, int ranks, doubl
     return;
   }
   const bool mpi = !o.compare.empty();
-  std::printf("# lockstep bench collectives: backend %s, %d ranks, %s %s, %lld iterations after %lld warm-up\n",
-              o.backend.c_str(), ranks, o.datatype.c_str(), o.op.c_str(), static_cast<long long>(o.iters),
-              static_cast<long long>(o.warmup));
+  const std::string route = o.route.empty() ? "" : " (" + o.route + ")";
+  std::printf("# lockstep bench collectives: backend %s%s, %d ranks, %s %s, %lld iterations after %lld warm-up\n",
+              o.backend.c_str(), route.c_str(), ranks, o.datatype.c_str(), o.op.c_str(),
+              static_cast<long long>(o.iters), static_cast<long long>(o.warmup));
   std::printf("# B_update (in-place update bandwidth of the same %d ranks, for eta): %.2f GB/s\n#\n", ranks,
               update_bw / 1e9);
   std::printf("# %-14s %12s %11s %5s %5s %10s %8s %8s %7s %6s", "collective", "size", "count", "type", "redop",
@@ -368,6 +371,7 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
     return run_under_mpirun(ranks, child, nullptr);
   }
   std::shared_ptr<comm::Communicator> comm = comm::init_process_group(o.backend);
+  if (!comm->route().empty()) o.route = "all_reduce over " + comm->route();
   double update_bw = 0;
   const std::vector<Row> rows = measure(comm.get(), o, comm->size(), !o.compare.empty(), &update_bw);
   if (comm->rank() == 0) print_rows(rows, o, comm->size(), update_bw);

@@ -308,6 +308,9 @@ int run_training(const TrainPlan& plan) {
     summary["sample"] = sample;
   }
   if (const nlohmann::json layout = strategy->layout_json(totals); !layout.is_null()) summary["mesh"] = layout;
+  if (const nlohmann::json collectives = strategy->collectives_json(); !collectives.is_null()) {
+    summary["collectives"] = collectives;
+  }
   write_json_file((fs::path(plan.out_dir) / "summary.json").string(), summary);
   if (task.language_model) {
     std::printf("validation loss %.4f  next-byte accuracy %.4f", test.loss, test.accuracy);

@@ -98,6 +98,10 @@ class DistributedStrategy final : public TrainStrategy {
     return gather_device_totals(ddp_->communicator(), local.at(0));
   }
   void barrier() override { ddp_->communicator().barrier(); }
+  nlohmann::json collectives_json() const override {
+    comm::Communicator& comm = ddp_->communicator();
+    return {{"backend", comm.backend()}, {"route", comm.route()}};
+  }
 
  private:
   static std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const TrainOptions& options,

@@ -45,6 +45,8 @@ class TrainStrategy {
   // for people and for summary.json; empty for plain data parallelism.
   virtual std::string layout_report(const std::vector<DeviceTotals>& /*totals*/) const { return ""; }
   virtual nlohmann::json layout_json(const std::vector<DeviceTotals>& /*totals*/) const { return nullptr; }
+  // The processes' collectives, for summary.json: backend and route (ddp); null otherwise.
+  virtual nlohmann::json collectives_json() const { return nullptr; }
 };
 
 using ReplicaFactory = std::function<std::shared_ptr<nn::Module>()>;

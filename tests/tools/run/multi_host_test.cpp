@@ -1,7 +1,8 @@
 // Past one host: jobs started by mpirun on two test hosts (scripts/test-hosts: network
 // namespaces joined by a shaped bridge), their ranks talking over TCP as on a cluster.
-// `lockstep train` gives one device's weights across hosts under ddp, zero1 and the GPT
-// mesh, and a rank killed on one host ends the job on both, named.
+// `lockstep train` gives one device's weights across hosts under ddp (all-reduced by host:
+// shared memory within, MPI across; and flat), zero1 and the GPT mesh, and a rank killed on
+// one host ends the job on both, named.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -40,10 +41,11 @@ class MultiHost : public ::testing::Test {
     fs::remove_all(root_);
   }
 
-  std::string sha(const std::string& run) const {
+  nlohmann::json summary(const std::string& run) const {
     std::ifstream in(root_ / run / "summary.json");
-    return nlohmann::json::parse(in).value("weights_sha256", "");
+    return nlohmann::json::parse(in);
   }
+  std::string sha(const std::string& run) const { return summary(run).value("weights_sha256", ""); }
 
   fs::path root_;
   std::unique_ptr<TestHosts> hosts_;
@@ -57,7 +59,14 @@ TEST_F(MultiHost, DdpAndZeroOneAcrossTwoHostsGiveOneDevicesBits) {
                                " --backend mpi --out " + (root_ / strategy).string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(sha(strategy), sha("one")) << strategy << " on 2 hosts x 2 ranks";
+    EXPECT_EQ(summary(strategy)["collectives"].value("route", ""), "2 hosts x 2 ranks: shm within a host, mpi across");
   }
+  // The flat route, for comparison: the same bits.
+  const Result flat = run_shell("LOCKSTEP_MPI_HIERARCHY=0 " + hosts_->mpirun(2, 2, "LOCKSTEP_MPI_HIERARCHY") + kBinary +
+                                " " + flags + " --strategy ddp --backend mpi --out " + (root_ / "flat").string());
+  ASSERT_EQ(flat.exit_code, 0) << flat.output;
+  EXPECT_EQ(sha("flat"), sha("one"));
+  EXPECT_EQ(summary("flat")["collectives"].value("route", "?"), "");
 }
 
 TEST_F(MultiHost, TheGptMeshAcrossHostsKeepsItsBits) {
