@@ -50,6 +50,14 @@ T tree_sum(const T* v, int n) {
   return tree_sum(v, p) + tree_sum(v + p, n - p);
 }
 
+// The same tree with every node's sum rounded by `round` (rounded_sum's definition).
+template <typename Round>
+float rounded_tree_sum(const float* v, int n, Round round) {
+  if (n == 1) return v[0];
+  const int p = split_point(n);
+  return round(rounded_tree_sum(v, p, round) + rounded_tree_sum(v + p, n - p, round));
+}
+
 // Expects t's elements to equal expected(i) rounded once to t's dtype (the exact total,
 // which the reduction holds in f32 or wider before it stores it); reports the first few
 // differences.
@@ -153,6 +161,37 @@ void check_all_reduce_tree_order(Communicator& comm) {
       ADD_FAILURE() << "tree order differs at element " << i << ": f32 " << got32[i] << " vs " << want32 << ", f64 "
                     << got64[i] << " vs " << want64 << ", bf16 " << gotb[i] << " vs " << wantb;
       ++wrong;
+    }
+  }
+  check_rounded_sum_tree_order(comm);
+}
+
+void check_rounded_sum_tree_order(Communicator& comm) {
+  const int n = comm.size();
+  const int64_t count = 5000;
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    const auto round = [dtype](float x) {
+      if (dtype == DType::bf16) return bf16_to_f32(f32_to_bf16(x));
+      if (dtype == DType::f16) return f16_to_f32(f32_to_f16(x));
+      return x;
+    };
+    std::vector<float> mine(count);
+    for (int64_t i = 0; i < count; ++i) mine[i] = round(irregular_value(comm.rank(), i));
+    Tensor t = Tensor::empty({count}, dtype);
+    convert_elements(mine.data(), DType::f32, t.raw_data(), dtype, count);
+    comm.all_reduce(t, ReduceOp::rounded_sum);
+    std::vector<float> got(count);
+    convert_elements(t.raw_data(), dtype, got.data(), DType::f32, count);
+    std::vector<float> column(n);
+    int wrong = 0;
+    for (int64_t i = 0; i < count && wrong < 3; ++i) {
+      for (int q = 0; q < n; ++q) column[q] = round(irregular_value(q, i));
+      const float want = rounded_tree_sum(column.data(), n, round);
+      if (std::memcmp(&got[i], &want, 4) != 0) {
+        ADD_FAILURE() << dtype_name(dtype) << " rounded_sum differs at element " << i << ": " << got[i] << " vs "
+                      << want;
+        ++wrong;
+      }
     }
   }
 }

@@ -11,8 +11,10 @@ namespace lockstep::comm::testing {
 // all_reduce sum/avg/max/min on every dtype, counts 0, 1, 7, 1000 and 2^20+1 (2^16+1
 // under ThreadSanitizer).
 void check_all_reduce_exact(Communicator& comm);
-// f32, f64, bf16 and f16 sums of irregular values equal the tree-order fold bit for bit.
+// f32, f64, bf16 and f16 sums of irregular values equal the tree-order fold bit for bit,
+// and so do rounded_sum's (each node rounded to the dtype).
 void check_all_reduce_tree_order(Communicator& comm);
+void check_rounded_sum_tree_order(Communicator& comm);
 void check_reduce_scatter(Communicator& comm);
 void check_all_gather(Communicator& comm);
 void check_broadcast(Communicator& comm);

@@ -49,7 +49,7 @@ TEST_P(HierarchicalConformance, AllCollectives) {
 TEST_P(HierarchicalConformance, SameBitsAsTheFlatTree) {
   run_hosts(GetParam(), [](Communicator& flat, HierarchicalCommunicator& comm) {
     for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64}) {
-      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::rounded_sum}) {
         if (op == ReduceOp::avg && !is_floating(dtype)) continue;
         for (int64_t count : {int64_t{1}, int64_t{33}, int64_t{5003}}) {
           std::mt19937 random(static_cast<unsigned>(comm.rank() * 7919 + count));

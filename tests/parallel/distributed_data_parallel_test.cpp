@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "lockstep/comm/local_communicator.h"
@@ -78,6 +80,32 @@ TEST(DistributedDataParallel, BucketSizesDoNotChangeTheBits) {
   const auto one = train_ddp("mlp", 2, 16, 4, 2, {.bucket_bytes = int64_t{1} << 30, .first_bucket_bytes = 1 << 30});
   EXPECT_TRUE(same_bits(many[0], one[0]));
   EXPECT_TRUE(same_bits(train_ddp("cnn", 2, 16, 4, 1)[1], train_dp("cnn", 1, 16, 4, 1)));
+}
+
+// bf16 gradients between ranks: every node of the tree rounds to bf16, so 1, 2 and 4 ranks
+// still agree bit for bit; the weights move away from f32's, but only by bf16's rounding.
+TEST(DistributedDataParallel, BfloatGradientsKeepTheBitsOnEveryRankCount) {
+  const DistributedDataParallelOptions bf16{.gradient_dtype = DType::bf16};
+  const Weights one = train_ddp("mlp", 1, 32, 4, 3, bf16)[0];
+  for (int ranks : {2, 4}) {
+    const std::vector<Weights> ranks_weights = train_ddp("mlp", ranks, 32, 4, 3, bf16);
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_TRUE(same_bits(ranks_weights[static_cast<size_t>(r)], one)) << ranks << " ranks, rank " << r;
+  }
+  const Weights f32 = train_dp("mlp", 1, 32, 4, 3);
+  EXPECT_FALSE(same_bits(one, f32));
+  double largest = 0;
+  for (size_t t = 0; t < f32.size(); ++t)
+    for (size_t i = 0; i < f32[t].size(); ++i) largest = std::max(largest, std::abs(double{one[t][i]} - f32[t][i]));
+  EXPECT_LT(largest, 1e-3) << "3 SGD steps of lr 0.1 on bf16-rounded gradients";
+}
+
+TEST(DistributedDataParallel, BfloatGradientsRefuseWhatTheyCannotDo) {
+  const auto errors = run_ranks(2, [&](int, std::shared_ptr<comm::Communicator> comm) {
+    DistributedDataParallel ddp(nn::make_model("mlp", kSeed), sgd, comm,
+                                {.loss = classification(), .zero1 = true, .gradient_dtype = DType::bf16});
+  });
+  for (const std::string& e : errors) EXPECT_NE(e.find("not supported with ZeRO-1"), std::string::npos) << e;
 }
 
 TEST(DistributedDataParallel, ZeroOneGivesTheSameBits) {

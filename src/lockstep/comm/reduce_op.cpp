@@ -14,15 +14,17 @@ const char* reduce_op_name(ReduceOp op) {
       return "max";
     case ReduceOp::min:
       return "min";
+    case ReduceOp::rounded_sum:
+      return "rounded_sum";
   }
   return "?";
 }
 
 ReduceOp parse_reduce_op(const std::string& name) {
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::rounded_sum}) {
     if (name == reduce_op_name(op)) return op;
   }
-  LOCKSTEP_FAIL() << "unknown reduction '" << name << "': use sum, avg, max or min";
+  LOCKSTEP_FAIL() << "unknown reduction '" << name << "': use sum, avg, max, min or rounded_sum";
   return ReduceOp::sum;
 }
 

@@ -22,30 +22,34 @@ A* scratch(size_t elements) {
   return buffer.data();
 }
 
-// Storage type -> the type partial results are held in, and back.
-template <typename T>
-struct Accum {
-  using type = T;
-  static type load(T v) { return v; }
-  static T store(type v) { return v; }
-};
 struct Bf16 {
   uint16_t bits;
 };
 struct F16 {
   uint16_t bits;
 };
+// Storage type -> the type partial results are held in, and back. round(): a partial result
+// rounded to the storage type's precision (rounded_sum).
+template <typename T>
+struct Accum {
+  using type = T;
+  static type load(T v) { return v; }
+  static T store(type v) { return v; }
+  static type round(type v) { return v; }
+};
 template <>
 struct Accum<Bf16> {
   using type = float;
   static float load(Bf16 v) { return bf16_to_f32(v.bits); }
   static Bf16 store(float v) { return {f32_to_bf16(v)}; }
+  static float round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 };
 template <>
 struct Accum<F16> {
   using type = float;
   static float load(F16 v) { return f16_to_f32(v.bits); }
   static F16 store(float v) { return {f32_to_f16(v)}; }
+  static float round(float v) { return f16_to_f32(f32_to_f16(v)); }
 };
 
 // Integer sums wrap (two's complement) instead of overflowing, which is undefined in C++.
@@ -79,7 +83,8 @@ A combine(A a, A b) {
   }
 }
 
-template <typename T, ReduceOp op>
+// rounded: every node's result is rounded to T's precision (rounded_sum).
+template <typename T, ReduceOp op, bool rounded = false>
 class TreeFolder {
  public:
   using A = typename Accum<T>::type;
@@ -101,18 +106,18 @@ class TreeFolder {
     if (mid - lo == 1 && hi - mid == 1) {  // two leaves: straight from the inputs
       const T* a = inputs_[lo] + begin;
       const T* b = inputs_[mid] + begin;
-      for (int64_t i = 0; i < len; ++i) dst[i] = combine<A, op>(Accum<T>::load(a[i]), Accum<T>::load(b[i]));
+      for (int64_t i = 0; i < len; ++i) dst[i] = join(Accum<T>::load(a[i]), Accum<T>::load(b[i]));
       return;
     }
     fold(lo, mid, begin, len, dst, level + 1);
     if (hi - mid == 1) {
       const T* b = inputs_[mid] + begin;
-      for (int64_t i = 0; i < len; ++i) dst[i] = combine<A, op>(dst[i], Accum<T>::load(b[i]));
+      for (int64_t i = 0; i < len; ++i) dst[i] = join(dst[i], Accum<T>::load(b[i]));
       return;
     }
     A* right = scratch_ + static_cast<size_t>(level + 1) * kBlock;
     fold(mid, hi, begin, len, right, level + 1);
-    for (int64_t i = 0; i < len; ++i) dst[i] = combine<A, op>(dst[i], right[i]);
+    for (int64_t i = 0; i < len; ++i) dst[i] = join(dst[i], right[i]);
   }
 
   void run(T* const* outs, int n_out, int64_t count, bool average) {
@@ -132,6 +137,12 @@ class TreeFolder {
   }
 
  private:
+  static A join(A a, A b) {
+    const A c = combine<A, op>(a, b);
+    if constexpr (rounded) return Accum<T>::round(c);
+    return c;
+  }
+
   const T* const* inputs_;
   int n_;
   A* scratch_;
@@ -151,6 +162,9 @@ void reduce_typed(const void* const* inputs, int n, void* const* outs, int n_out
       break;
     case ReduceOp::min:
       TreeFolder<T, ReduceOp::min>(typed, n).run(o, n_out, count, false);
+      break;
+    case ReduceOp::rounded_sum:
+      TreeFolder<T, ReduceOp::sum, true>(typed, n).run(o, n_out, count, false);
       break;
   }
 }

@@ -38,7 +38,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       comm_(std::move(comm)),
       options_(options),
       gradients_(model_->parameters(), comm_->size()),
-      statistics_(*model_) {
+      statistics_(*model_),
+      tree_(options.gradient_dtype) {
   check_loss_function("DistributedDataParallel", options.loss);
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
@@ -51,6 +52,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   LOCKSTEP_CHECK(!(options.zero1 && options.precision == DType::f16))
       << "f16 with ZeRO-1 is not supported yet: use bf16 (no loss scale needed) or --strategy ddp";
   if (options.precision == DType::f16) scaler_.emplace();
+  LOCKSTEP_CHECK(options.gradient_dtype == DType::f32 || options.gradient_dtype == DType::bf16)
+      << "gradients cross between ranks in f32 or bf16, not " << dtype_name(options.gradient_dtype);
+  if (options.gradient_dtype != DType::f32) {
+    LOCKSTEP_CHECK(!options.zero1) << "bf16 gradients are not supported with ZeRO-1 yet: use --strategy ddp";
+    LOCKSTEP_CHECK(gradients_.params().front().device().is_cpu() && gradients_.params().front().dtype() == DType::f32)
+        << "bf16 gradients need f32 parameters on CPU devices for now, got "
+        << dtype_name(gradients_.params().front().dtype()) << " on " << gradients_.params().front().device();
+  }
   // Ranks that share host memory keep one copy of the weights and shard the optimizer
   // (f16's loss scaler needs every rank to see every sum, and runs on GPUs only anyway).
   const bool common = comm_->shares_memory() && gradients_.params().front().device().is_cpu() && !scaler_;
@@ -64,6 +73,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   // read (shared memory under `shm`), allocated once, so the all-reduce needs no staging copy.
   const Tensor sample = gradients_.params().front();
   reduced_ = comm_->empty_shared({gradients_.padded_numel()}, sample.dtype(), sample.device());
+  if (options.gradient_dtype != sample.dtype()) {
+    wire_ = comm_->empty_shared({gradients_.padded_numel()}, options.gradient_dtype, sample.device());
+  }
   buckets_ = plan_buckets(gradients_, options.first_bucket_bytes, options.bucket_bytes);
   bucket_of_.resize(gradients_.params().size());
   for (size_t b = 0; b < buckets_.size(); ++b)
@@ -133,7 +145,25 @@ void DistributedDataParallel::start_ready_buckets() {
     const GradientBucket& bucket = buckets_[next_bucket_++];
     // This rank's subtree over the bucket's range, then the tree's top across ranks.
     tree_.finish_range(last_leaf_, bucket.begin, bucket.end);
-    works_.push_back(comm_->all_reduce_async(slice(last_leaf_, 0, bucket.begin, bucket.end)));
+    if (!wire_.defined()) {
+      works_.push_back(comm_->all_reduce_async(slice(last_leaf_, 0, bucket.begin, bucket.end)));
+      continue;
+    }
+    // The subtree is bf16-exact already: converting it loses nothing, and rounded_sum
+    // rounds the rest of the tree as the rank rounded its part.
+    const Tensor wire = slice(wire_, 0, bucket.begin, bucket.end);
+    convert_elements(slice(last_leaf_, 0, bucket.begin, bucket.end).data_ptr(), last_leaf_.dtype(), wire.data_ptr(),
+                     wire.dtype(), wire.numel());
+    works_.push_back(comm_->all_reduce_async(wire, comm::ReduceOp::rounded_sum));
+  }
+}
+
+void DistributedDataParallel::unpack_wire() {
+  if (!wire_.defined()) return;
+  for (const GradientBucket& bucket : buckets_) {
+    const Tensor wire = slice(wire_, 0, bucket.begin, bucket.end);
+    convert_elements(wire.data_ptr(), wire.dtype(), slice(last_leaf_, 0, bucket.begin, bucket.end).data_ptr(),
+                     last_leaf_.dtype(), wire.numel());
   }
 }
 
@@ -228,6 +258,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   for (const comm::Work& work : works_) work.wait();
   works_.clear();
   tree_.clear();
+  unpack_wire();
   const std::vector<Tensor> folded = losses.finish();
   const Tensor& loss = folded[0];
   comm_->all_reduce(loss);

@@ -48,6 +48,12 @@ struct DistributedDataParallelOptions {
   // GPU ranks: the type matrix products read (bf16, f16; core/autocast.h); f16 also scales
   // the loss (optim/loss_scaler.h) and skips steps whose gradients overflow.
   DType precision = DType::f32;
+  // The type gradients cross between ranks in: f32, or bf16 for half the bytes on a slow
+  // link. Under bf16 every node of the step's tree — each micro-batch's gradients, each
+  // partial sum, on a rank and across ranks (comm's rounded_sum) — is rounded to bf16, so
+  // the weights still do not depend on the rank count; they differ from f32's. CPU devices,
+  // without zero1.
+  DType gradient_dtype = DType::f32;
 };
 
 // A contiguous range of the flat gradient buffer, reduced by one all-reduce.
@@ -99,6 +105,7 @@ class DistributedDataParallel final : public Layout {
   void on_gradient_ready(size_t param);
   void clear_grad_destinations();  // those backward did not reach keep none for later
   void start_ready_buckets();
+  void unpack_wire();  // the reduced bf16 buckets back into last_leaf_
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<comm::Communicator> comm_;
@@ -112,6 +119,7 @@ class DistributedDataParallel final : public Layout {
   std::vector<size_t> bucket_of_;  // per parameter
 
   Tensor reduced_;  // where the final micro-batch's gradients are reduced, every step
+  Tensor wire_;     // under a bf16 gradient_dtype: what the all-reduce moves, bucket by bucket
 
   // The step in flight.
   GradientTree tree_;

@@ -51,7 +51,25 @@ void check_same_place(const Tensor& a, const Tensor& b, size_t index) {
 
 }  // namespace
 
-void GradientTree::merge_into(Subtree& left, const Subtree& right) {
+GradientTree::GradientTree(DType rounding) : rounding_(rounding) {
+  LOCKSTEP_CHECK(rounding == DType::f32 || rounding == DType::bf16 || rounding == DType::f16)
+      << "a gradient tree rounds its sums to f32, bf16 or f16, not " << dtype_name(rounding);
+}
+
+void GradientTree::round(const Tensor& t, int64_t begin, int64_t end) const {
+  if (rounding_ == DType::f32) return;
+  LOCKSTEP_CHECK(t.dtype() == DType::f32 && t.device().is_cpu())
+      << "rounding gradients to " << dtype_name(rounding_) << " needs f32 gradients on a CPU device, got "
+      << dtype_name(t.dtype()) << " on " << t.device();
+  float* data = t.data_ptr<float>();
+  if (rounding_ == DType::bf16) {
+    for (int64_t i = begin; i < end; ++i) data[i] = bf16_to_f32(f32_to_bf16(data[i]));
+  } else {
+    for (int64_t i = begin; i < end; ++i) data[i] = f16_to_f32(f32_to_f16(data[i]));
+  }
+}
+
+void GradientTree::merge_into(Subtree& left, const Subtree& right) const {
   LOCKSTEP_CHECK(left.sums.size() == right.sums.size())
       << "gradient leaves differ in length: " << left.sums.size() << " vs " << right.sums.size() << " tensors";
   for (size_t i = 0; i < left.sums.size(); ++i) {
@@ -62,12 +80,16 @@ void GradientTree::merge_into(Subtree& left, const Subtree& right) {
         << dtype_name(a.dtype()) << " vs " << shape_str(b.shape()) << " " << dtype_name(b.dtype());
     check_same_place(a, b, i);
     add_pair(a.data_ptr(), b.data_ptr(), a.data_ptr(), a.numel(), a.dtype(), a.device());
+    round(a, 0, a.numel());
   }
   left.leaves += right.leaves;
 }
 
 void GradientTree::add_leaf(std::vector<Tensor> leaf) {
-  for (Tensor& t : leaf) t = t.contiguous();
+  for (Tensor& t : leaf) {
+    t = t.contiguous();
+    round(t, 0, t.numel());
+  }
   stack_.push_back({1, std::move(leaf)});
   ++leaves_;
   while (stack_.size() >= 2 && stack_[stack_.size() - 2].leaves == stack_.back().leaves) {
@@ -81,6 +103,7 @@ void GradientTree::finish_range(const Tensor& last, int64_t begin, int64_t end) 
       << "finish_range: elements [" << begin << ", " << end << ") of a tensor of " << last.numel();
   const size_t element = dtype_size(last.dtype());
   char* out = static_cast<char*>(last.data_ptr()) + static_cast<size_t>(begin) * element;
+  round(last, begin, end);  // the final leaf
   // The counter's merges and finish() both fold the subtrees from the right: S0 + (S1 + ...
   // (Sm + last)), each addition with the earlier samples on the left.
   for (size_t i = stack_.size(); i-- > 0;) {
@@ -91,6 +114,7 @@ void GradientTree::finish_range(const Tensor& last, int64_t begin, int64_t end) 
     check_same_place(sum, last, 0);
     add_pair(static_cast<const char*>(sum.data_ptr()) + static_cast<size_t>(begin) * element, out, out, end - begin,
              last.dtype(), last.device());
+    round(last, begin, end);
   }
 }
 

@@ -15,6 +15,13 @@ namespace lockstep::parallel {
 
 class GradientTree {
  public:
+  // rounding: f32 (the default) keeps every sum as the leaves' dtype computes it; bf16 or
+  // f16 rounds every leaf and every node's sum to that precision (the values stay f32
+  // tensors on CPU devices), so that a rank's subtree can cross to the others in bf16
+  // exactly and the rest of the tree is comm's rounded_sum: the same bits on any number of
+  // ranks.
+  explicit GradientTree(DType rounding = DType::f32);
+
   // Adds the next leaf: one tensor per parameter (the tree takes them over and adds into
   // them). Every leaf has the same shapes and dtypes.
   void add_leaf(std::vector<Tensor> leaf);
@@ -36,8 +43,12 @@ class GradientTree {
     std::vector<Tensor> sums;
   };
   // left += right, element by element (left is the earlier samples).
-  static void merge_into(Subtree& left, const Subtree& right);
+  void merge_into(Subtree& left, const Subtree& right) const;
 
+  // Rounds elements [begin, end) of t to rounding_ (nothing under f32).
+  void round(const Tensor& t, int64_t begin, int64_t end) const;
+
+  DType rounding_;
   std::vector<Subtree> stack_;  // sizes strictly decreasing from the bottom
   int64_t leaves_ = 0;
 };

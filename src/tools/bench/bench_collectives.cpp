@@ -286,7 +286,7 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   flags.add("check", &o.check, "1: verify the results and count wrong elements (-c)");
   flags.add("collective", &o.collective, "all_reduce, reduce_scatter, all_gather, broadcast, a list, or all");
   flags.add("datatype", &o.datatype, "element type (-d): f32, f64, bf16, f16, i32, i64");
-  flags.add("op", &o.op, "reduction (-o): sum, avg, max, min");
+  flags.add("op", &o.op, "reduction (-o): sum, avg, max, min, rounded_sum");
   flags.add("backend", &o.backend, "local (threads), shm (processes of this host) or mpi");
   flags.add("ranks", &o.ranks, "number of ranks (-g; default: the host's cores)");
   flags.add("compare", &o.compare, "mpi: also time MPI's collectives on the same sizes");

@@ -283,6 +283,7 @@ int run_training(const TrainPlan& plan) {
       {"optimizer", settings.optimizer},
       {"lr", settings.lr},
       {"precision", settings.precision},
+      {"grad_dtype", settings.grad_dtype},
       {"steps", trained.steps},
       {"skipped_steps", skipped_steps},
       {"epoch", trained.position.epoch},
@@ -365,6 +366,9 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("stages", &options.stages, "blocks per pipeline stage, e.g. 3,1 (default: balanced by parameters)");
   flags.add("backend", &options.backend, "ddp's collectives: auto, shm (one host) or mpi");
   flags.add("bucket-mb", &options.bucket_mb, "ddp: MiB of gradients per all-reduce, started during backward");
+  flags.add("grad-dtype", &options.grad_dtype,
+            "ddp: f32, or bf16: gradients cross between processes in half the bytes, every partial sum rounded to "
+            "bf16 (the same bits on any process count; not f32's)");
   flags.add("lr", &options.lr, "learning rate (default: adamw 0.004, gpt 0.001; sgd 0.05)");
   flags.add("optimizer", &options.optimizer, "adamw or sgd (default adamw)");
   flags.add("momentum", &options.momentum, "SGD momentum");

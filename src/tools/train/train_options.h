@@ -30,12 +30,13 @@ struct TrainOptions {
   // --strategy mesh (GPT only): data-parallel replicas x tensor-parallel ranks x pipeline
   // stages, one thread-driven device each (0: --dp from --devices, else 1).
   int64_t dp = 0, tp = 1, pp = 1;
-  std::string schedule = "1f1b";  // gpipe | 1f1b
-  std::string stages;             // blocks per pipeline stage, "3,1"; "": balanced
-  std::string backend = "auto";   // ddp's communicator
-  double bucket_mb = 25;          // ddp's gradient bucket size
-  double lr = -1;                 // -1: default_lr(model, optimizer)
-  std::string optimizer;          // "": adamw
+  std::string schedule = "1f1b";   // gpipe | 1f1b
+  std::string stages;              // blocks per pipeline stage, "3,1"; "": balanced
+  std::string backend = "auto";    // ddp's communicator
+  double bucket_mb = 25;           // ddp's gradient bucket size
+  std::string grad_dtype = "f32";  // ddp: what gradients cross between processes in (f32, bf16)
+  double lr = -1;                  // -1: default_lr(model, optimizer)
+  std::string optimizer;           // "": adamw
   double momentum = 0.9;
   double weight_decay = 0.0;
   std::string lr_schedule;  // "": default_lr_schedule(model, steps)

@@ -240,6 +240,12 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
           "--precision must be f32, bf16 or f16, got '" + s.precision + "'");
   require(s.precision == "f32" || s.device_type == DeviceType::cuda,
           "--precision " + s.precision + " runs on GPU devices; CPU devices compute in f32 (leave --precision out)");
+  require(s.grad_dtype == "f32" || s.grad_dtype == "bf16",
+          "--grad-dtype must be f32 or bf16, got '" + s.grad_dtype + "'");
+  require(s.grad_dtype == "f32" || (s.strategy == "ddp" && s.device_type == DeviceType::cpu),
+          "--grad-dtype bf16 is for --strategy ddp on CPU devices, where gradients cross a network; this run is "
+          "--strategy " +
+              s.strategy + (s.device_type == DeviceType::cuda ? " on GPUs" : ""));
   // After the checkpoint's settings: a resumed run keeps the optimizer it had.
   if (s.optimizer.empty()) s.optimizer = kDefaultOptimizer;
   // -1 stands for "the optimizer's default": a negative --lr must not pass for it.

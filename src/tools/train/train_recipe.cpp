@@ -96,6 +96,7 @@ Metadata train_recipe(const TrainOptions& options) {
       {"steps", std::to_string(options.steps)},
       {"micro_batch", std::to_string(options.micro_batch)},
       {"precision", options.precision},
+      {"grad_dtype", options.grad_dtype},
       {"data", options.data_dir},
   };
   if (options.model == "gpt") {
@@ -128,6 +129,11 @@ void apply_checkpoint_settings(const Metadata& checkpoint, const std::string& pa
   // device count is free.
   recipe.number("micro-batch", "micro_batch", options.micro_batch);
   recipe.text("precision", "precision", options.precision);
+  // bf16 gradients round the step's tree: part of the recipe. Checkpoints from before the
+  // flag were all f32.
+  Metadata with_grad_dtype = checkpoint;
+  with_grad_dtype.emplace("grad_dtype", "f32");
+  Reconciler(with_grad_dtype, path, given).text("grad-dtype", "grad_dtype", options.grad_dtype);
   // The data as the run named it; a resume may name another path to the same data (moved,
   // or mounted elsewhere), which the checkpoint cannot check.
   if (!given("data")) options.data_dir = meta(checkpoint, path, "data");

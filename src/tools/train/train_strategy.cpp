@@ -118,7 +118,8 @@ class DistributedStrategy final : public TrainStrategy {
             .bucket_bytes = std::max<int64_t>(1, bucket_bytes),
             .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20)),
             .zero1 = options.strategy == "zero1",
-            .precision = parse_dtype(options.precision)});
+            .precision = parse_dtype(options.precision),
+            .gradient_dtype = parse_dtype(options.grad_dtype)});
   }
 
   Device device_;

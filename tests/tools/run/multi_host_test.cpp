@@ -1,8 +1,8 @@
 // Past one host: jobs started by mpirun on two test hosts (scripts/test-hosts: network
 // namespaces joined by a shaped bridge), their ranks talking over TCP as on a cluster.
 // `lockstep train` gives one device's weights across hosts under ddp (all-reduced by host:
-// shared memory within, MPI across; and flat), zero1 and the GPT mesh, and a rank killed on
-// one host ends the job on both, named.
+// shared memory within, MPI across; and flat; with f32 and bf16 gradients), zero1 and the GPT
+// mesh, and a rank killed on one host ends the job on both, named.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -67,6 +67,19 @@ TEST_F(MultiHost, DdpAndZeroOneAcrossTwoHostsGiveOneDevicesBits) {
   ASSERT_EQ(flat.exit_code, 0) << flat.output;
   EXPECT_EQ(sha("flat"), sha("one"));
   EXPECT_EQ(summary("flat")["collectives"].value("route", "?"), "");
+}
+
+// bf16 gradients cross the hosts as bf16 partial sums (rounded_sum): one process's bits, not f32's.
+TEST_F(MultiHost, BfloatGradientsAcrossHostsGiveOneProcesssBits) {
+  const std::string flags =
+      "train --quiet --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1 --strategy ddp --grad-dtype "
+      "bf16";
+  ASSERT_EQ(run(flags + " --out " + (root_ / "one").string()).exit_code, 0);
+  const Result r =
+      run_shell(hosts_->mpirun(2, 2) + kBinary + " " + flags + " --backend mpi --out " + (root_ / "hosts").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(sha("hosts"), sha("one"));
+  EXPECT_EQ(summary("hosts").value("grad_dtype", ""), "bf16");
 }
 
 TEST_F(MultiHost, TheGptMeshAcrossHostsKeepsItsBits) {

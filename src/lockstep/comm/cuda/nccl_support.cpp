@@ -87,8 +87,11 @@ ncclRedOp_t nccl_op(ReduceOp op) {
       return ncclMax;
     case ReduceOp::min:
       return ncclMin;
+    case ReduceOp::rounded_sum:
+      break;  // NCCL's own algorithms round where they please: only the tree mode has it
   }
-  LOCKSTEP_FAIL() << "nccl backend: no NCCL reduction for " << reduce_op_name(op);
+  LOCKSTEP_FAIL() << "nccl backend: no NCCL reduction for " << reduce_op_name(op)
+                  << "; Lockstep's tree mode has it (unset LOCKSTEP_NCCL_DETERMINISTIC=0)";
   return ncclSum;
 }
 

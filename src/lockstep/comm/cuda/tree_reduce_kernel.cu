@@ -28,23 +28,27 @@ struct F16 {
   uint16_t bits;
 };
 
+// round(): a partial result rounded to the storage type's precision (rounded_sum).
 template <typename T>
 struct Accum {
   using type = T;
   __device__ static T load(T v) { return v; }
   __device__ static T store(T v) { return v; }
+  __device__ static T round(T v) { return v; }
 };
 template <>
 struct Accum<Bf16> {
   using type = float;
   __device__ static float load(Bf16 v) { return bf16_to_f32(v.bits); }
   __device__ static Bf16 store(float v) { return {f32_to_bf16(v)}; }
+  __device__ static float round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 };
 template <>
 struct Accum<F16> {
   using type = float;
   __device__ static float load(F16 v) { return f16_to_f32(v.bits); }
   __device__ static F16 store(float v) { return {f32_to_f16(v)}; }
+  __device__ static float round(float v) { return f16_to_f32(f32_to_f16(v)); }
 };
 
 template <typename A>
@@ -69,6 +73,14 @@ __device__ A combine(A a, A b) {
   }
 }
 
+// One node of the tree: combine, then round where rounded (rounded_sum).
+template <typename T, ReduceOp op, bool rounded>
+__device__ typename Accum<T>::type join(typename Accum<T>::type a, typename Accum<T>::type b) {
+  const typename Accum<T>::type c = combine<typename Accum<T>::type, op>(a, b);
+  if constexpr (rounded) return Accum<T>::round(c);
+  return c;
+}
+
 // Deeper than any tree over an int count of leaves needs.
 constexpr int kMaxDepth = 32;
 
@@ -78,7 +90,7 @@ constexpr int kMaxDepth = 32;
 // (a binary counter) builds exactly those perfect trees; what is left on the stack are the
 // perfect trees of n's binary digits, largest first, which the split rule joins from the
 // right: x[0..p) + (x[p..p+q) + (...)). The CPU fold of three leaves is (x0+x1)+x2; so is this.
-template <typename T, ReduceOp op>
+template <typename T, ReduceOp op, bool rounded = false>
 __global__ void fold_rows(const T* rows, int64_t row_stride, int n, T* out, int64_t count, bool average) {
   using A = typename Accum<T>::type;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -90,7 +102,7 @@ __global__ void fold_rows(const T* rows, int64_t row_stride, int n, T* out, int6
       A value = Accum<T>::load(rows[k * row_stride + i]);
       int h = 0;
       while (top > 0 && height[top - 1] == h) {
-        value = combine<A, op>(partial[top - 1], value);
+        value = join<T, op, rounded>(partial[top - 1], value);
         --top;
         ++h;
       }
@@ -99,7 +111,7 @@ __global__ void fold_rows(const T* rows, int64_t row_stride, int n, T* out, int6
       ++top;
     }
     A result = partial[top - 1];
-    for (int j = top - 2; j >= 0; --j) result = combine<A, op>(partial[j], result);
+    for (int j = top - 2; j >= 0; --j) result = join<T, op, rounded>(partial[j], result);
     if constexpr (!std::is_integral_v<A>) {
       if (average) result = result / static_cast<A>(n);  // after the sum, in the accumulation type
     }
@@ -123,6 +135,9 @@ void launch(const void* rows, int64_t row_stride, int n, void* out, int64_t coun
       break;
     case ReduceOp::min:
       fold_rows<T, ReduceOp::min><<<blocks, kThreads, 0, stream>>>(in, row_stride, n, o, count, false);
+      break;
+    case ReduceOp::rounded_sum:
+      fold_rows<T, ReduceOp::sum, true><<<blocks, kThreads, 0, stream>>>(in, row_stride, n, o, count, false);
       break;
   }
 }
