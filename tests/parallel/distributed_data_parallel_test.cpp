@@ -108,6 +108,72 @@ TEST(DistributedDataParallel, BfloatGradientsRefuseWhatTheyCannotDo) {
   for (const std::string& e : errors) EXPECT_NE(e.find("not supported with ZeRO-1"), std::string::npos) << e;
 }
 
+// Local SGD on one rank is plain ddp: its averaging of one replica changes nothing.
+TEST(DistributedDataParallel, LocalSgdOnOneRankIsPlainDdp) {
+  EXPECT_TRUE(same_bits(train_ddp("mlp", 1, 32, 4, 5, {.sync_every = 4})[0], train_ddp("mlp", 1, 32, 4, 5)[0]));
+}
+
+// Two ranks, averaged every 4 steps, against two independent one-rank runs on the shares,
+// whose weights and momenta this test averages itself as (a + b) / 2 after steps 4 and 8.
+TEST(DistributedDataParallel, LocalSgdIsTwoReplicasAveragedEveryKSteps) {
+  const int64_t batch = 32, micro = 4, share = batch / 2;
+  const int steps = 8, every = 4;
+  std::vector<Weights> ours(2);
+  std::vector<std::vector<bool>> agreed(2);
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    auto model = nn::make_model("mlp", kSeed);
+    DistributedDataParallel ddp(model, sgd, comm,
+                                {.loss = classification(), .micro_batch = micro, .sync_every = every});
+    for (int s = 0; s < steps; ++s) {
+      const Data data = synthetic(batch, static_cast<uint64_t>(s));
+      ddp.step_on_share(as_batch(data).slice(rank * share, share),
+                        {.seed = kSeed, .step = static_cast<uint64_t>(s), .first_sample = s * batch + rank * share});
+      agreed[static_cast<size_t>(rank)].push_back(ddp.replicas_agree());
+    }
+    ours[static_cast<size_t>(rank)] = weights(*model);
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+
+  // The reference: each share trained alone, as a job of one.
+  std::vector<std::shared_ptr<nn::Module>> models;
+  std::vector<std::unique_ptr<DistributedDataParallel>> alone;
+  for (int r = 0; r < 2; ++r) {
+    models.push_back(nn::make_model("mlp", kSeed));
+    alone.push_back(std::make_unique<DistributedDataParallel>(
+        models.back(), sgd, comm::LocalCommunicator::create_group(1)[0],
+        DistributedDataParallelOptions{.loss = classification(), .micro_batch = micro}));
+  }
+  const auto average_into_both = [](const Tensor& a, const Tensor& b) {
+    float* x = a.data_ptr<float>();
+    float* y = b.data_ptr<float>();
+    for (int64_t i = 0; i < a.numel(); ++i) x[i] = y[i] = (x[i] + y[i]) / 2.0f;
+  };
+  for (int s = 0; s < steps; ++s) {
+    const Data data = synthetic(batch, static_cast<uint64_t>(s));
+    for (int r = 0; r < 2; ++r) {
+      alone[static_cast<size_t>(r)]->step_on_share(
+          as_batch(data).slice(r * share, share),
+          {.seed = kSeed, .step = static_cast<uint64_t>(s), .first_sample = s * batch + r * share});
+    }
+    if ((s + 1) % every != 0) continue;
+    const NamedTensors w0 = models[0]->state_dict(), w1 = models[1]->state_dict();
+    for (size_t i = 0; i < w0.size(); ++i) average_into_both(w0[i].second, w1[i].second);
+    NamedTensors m0 = alone[0]->optimizer_state(), m1 = alone[1]->optimizer_state();
+    for (size_t i = 0; i < m0.size(); ++i) {
+      if (m0[i].second.dtype() == DType::f32) average_into_both(m0[i].second, m1[i].second);
+    }
+    alone[0]->load_optimizer_state(m0);
+    alone[1]->load_optimizer_state(m1);
+  }
+  EXPECT_TRUE(same_bits(ours[0], ours[1]));
+  EXPECT_TRUE(same_bits(ours[0], weights(*models[0])));
+  EXPECT_FALSE(same_bits(ours[0], train_ddp("mlp", 2, batch, micro, steps)[0])) << "local SGD is not plain ddp";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(agreed[static_cast<size_t>(r)],
+              (std::vector<bool>{false, false, false, true, false, false, false, true}));
+  }
+}
+
 TEST(DistributedDataParallel, ZeroOneGivesTheSameBits) {
   const Weights one = train_dp("mlp", 1, 32, 4, 3);
   const auto sharded = train_ddp("mlp", 4, 32, 4, 3, {.zero1 = true});

@@ -1,6 +1,7 @@
 #include "lockstep/parallel/distributed_data_parallel.h"
 
 #include <chrono>
+#include <cstring>
 
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
@@ -54,6 +55,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   if (options.precision == DType::f16) scaler_.emplace();
   LOCKSTEP_CHECK(options.gradient_dtype == DType::f32 || options.gradient_dtype == DType::bf16)
       << "gradients cross between ranks in f32 or bf16, not " << dtype_name(options.gradient_dtype);
+  LOCKSTEP_CHECK(options.sync_every >= 1) << "sync_every must be at least 1, got " << options.sync_every;
+  LOCKSTEP_CHECK(options.sync_every == 1 || (!options.zero1 && options.gradient_dtype == DType::f32))
+      << "local SGD (sync_every " << options.sync_every
+      << ") sends no gradients: it combines with neither ZeRO-1 nor bf16 gradients";
   if (options.gradient_dtype != DType::f32) {
     LOCKSTEP_CHECK(!options.zero1) << "bf16 gradients are not supported with ZeRO-1 yet: use --strategy ddp";
     LOCKSTEP_CHECK(gradients_.params().front().device().is_cpu() && gradients_.params().front().dtype() == DType::f32)
@@ -62,7 +67,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   // Ranks that share host memory keep one copy of the weights and shard the optimizer
   // (f16's loss scaler needs every rank to see every sum, and runs on GPUs only anyway).
-  const bool common = comm_->shares_memory() && gradients_.params().front().device().is_cpu() && !scaler_;
+  // Local SGD's replicas differ between averagings, so each keeps its own copy.
+  const bool common =
+      comm_->shares_memory() && gradients_.params().front().device().is_cpu() && !scaler_ && !local_sgd();
   if (options.zero1 || common) {
     sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer);
   } else {
@@ -133,7 +140,7 @@ void DistributedDataParallel::on_gradient_ready(size_t param) {
   gradients_.take(param, last_leaf_);
   taken_[param] = true;
   --missing_[bucket_of_[param]];
-  if (!options_.zero1) start_ready_buckets();  // zero1 reduce-scatters after backward
+  if (!options_.zero1 && !local_sgd()) start_ready_buckets();  // zero1 reduce-scatters after backward
 }
 
 void DistributedDataParallel::clear_grad_destinations() {
@@ -210,6 +217,8 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   const int64_t batch = local * comm_->size();
   const std::string layout_error = check_step_layout(batch, options_.micro_batch, comm_->size());
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
+  // Local SGD's step is the share's own: its gradients are the share's mean.
+  const int64_t normalizer = local_sgd() ? local : batch;
 
   const int64_t micro = options_.micro_batch;
   const Device device = gradients_.params().front().device();  // the samples go where the model is
@@ -234,7 +243,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
     }
     const Precision precision{options_.precision, scaler_ ? scaler_->scale() : 1.0};
     std::vector<Tensor> leaf = {
-        run_micro_batch(*model_, options_.loss, share, first, micro, batch, context, device, precision)};
+        run_micro_batch(*model_, options_.loss, share, first, micro, normalizer, context, device, precision)};
     for (Tensor& entry : statistics_.take()) leaf.push_back(std::move(entry));
     losses.add_leaf(std::move(leaf));
     if (!last) tree_.add_leaf({gradients_.take_all()});
@@ -247,7 +256,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
     gradients_.take(i, last_leaf_);
     --missing_[bucket_of_[i]];
   }
-  if (options_.zero1) {
+  if (options_.zero1 || local_sgd()) {
     tree_.finish_range(last_leaf_, 0, last_leaf_.numel());
   } else {
     start_ready_buckets();
@@ -261,11 +270,13 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   unpack_wire();
   const std::vector<Tensor> folded = losses.finish();
   const Tensor& loss = folded[0];
-  comm_->all_reduce(loss);
+  if (!local_sgd()) comm_->all_reduce(loss);  // local SGD reports this rank's share's loss
   result.loss = loss.item();
   if (folded.size() > 1) {
     const std::vector<Tensor> statistic_sums(folded.begin() + 1, folded.end());
-    for (const Tensor& sum : statistic_sums) comm_->all_reduce(sum);
+    if (!local_sgd()) {
+      for (const Tensor& sum : statistic_sums) comm_->all_reduce(sum);
+    }
     statistics_.apply(statistic_sums);
   }
   times.communicate = seconds_since(start);
@@ -294,6 +305,56 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   optimizer_->zero_grad();
   last_leaf_ = Tensor();
   times.optimizer = seconds_since(start);
+  if (local_sgd()) {
+    replicas_agree_ = false;
+    if ((context.step + 1) % static_cast<uint64_t>(options_.sync_every) == 0) {
+      start = StepClock::now();
+      average_replicas();
+      times.communicate += seconds_since(start);
+    }
+  }
+}
+
+void DistributedDataParallel::average(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> packed;  // f32: one all-reduce for all of them
+  int64_t numel = 0;
+  for (const Tensor& t : tensors) {
+    if (!is_floating(t.dtype())) continue;  // counters are the same on every rank
+    if (t.dtype() == DType::f32 && t.is_contiguous() && t.device().is_cpu()) {
+      packed.push_back(t);
+      numel += t.numel();
+    } else {
+      comm_->all_reduce(t, comm::ReduceOp::avg);
+    }
+  }
+  if (packed.empty()) return;
+  const Tensor flat = Tensor::empty({numel}, DType::f32);
+  int64_t at = 0;
+  for (const Tensor& t : packed) {
+    std::memcpy(flat.data_ptr<float>() + at, t.data_ptr<float>(), static_cast<size_t>(t.numel()) * sizeof(float));
+    at += t.numel();
+  }
+  comm_->all_reduce(flat, comm::ReduceOp::avg);
+  at = 0;
+  for (const Tensor& t : packed) {
+    std::memcpy(t.data_ptr<float>(), flat.data_ptr<float>() + at, static_cast<size_t>(t.numel()) * sizeof(float));
+    at += t.numel();
+  }
+}
+
+void DistributedDataParallel::average_replicas() {
+  const comm::FlightPhase phase("averaging replicas");
+  std::vector<Tensor> model_state;
+  for (const auto& [name, tensor] : model_->state_dict()) model_state.push_back(tensor);
+  average(model_state);
+  // The optimizer state too: afterwards every rank holds one state, which a checkpoint of
+  // rank 0's restores on every rank.
+  NamedTensors state = optimizer_->state_dict();
+  std::vector<Tensor> state_tensors;
+  for (const auto& [name, tensor] : state) state_tensors.push_back(tensor);
+  average(state_tensors);
+  optimizer_->load_state_dict(state);
+  replicas_agree_ = true;
 }
 
 int64_t DistributedDataParallel::max_over_processes(int64_t value) {

@@ -54,6 +54,13 @@ struct DistributedDataParallelOptions {
   // the weights still do not depend on the rank count; they differ from f32's. CPU devices,
   // without zero1.
   DType gradient_dtype = DType::f32;
+  // Local SGD: above 1, each rank steps its own optimizer on its own share's gradients (the
+  // share's mean, nothing communicated), and after every sync_every-th step of the run the
+  // ranks' weights, buffers and optimizer state are averaged in the tree's order (one
+  // all-reduce each). The weights then depend on the rank count (each replica follows its
+  // own data between averagings), never on hosts, placement or a resume; one rank gives
+  // plain ddp's bits. Not with zero1 or a bf16 gradient_dtype.
+  int64_t sync_every = 1;
 };
 
 // A contiguous range of the flat gradient buffer, reduced by one all-reduce.
@@ -88,6 +95,8 @@ class DistributedDataParallel final : public Layout {
   std::vector<Device> local_devices() const override;
   int64_t max_over_processes(int64_t value) override;
   void give_up(const std::string& reason) override;
+  bool replicas_agree() const override { return replicas_agree_; }
+  void average_replicas() override;
   comm::Communicator& communicator() { return *comm_; }
   void set_lr(double lr) override;
   double lr() const override;
@@ -106,6 +115,9 @@ class DistributedDataParallel final : public Layout {
   void clear_grad_destinations();  // those backward did not reach keep none for later
   void start_ready_buckets();
   void unpack_wire();  // the reduced bf16 buckets back into last_leaf_
+  bool local_sgd() const { return options_.sync_every > 1; }
+  // In place, every rank's tensors become the ranks' average: f32 tensors in one call.
+  void average(const std::vector<Tensor>& tensors);
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<comm::Communicator> comm_;
@@ -129,6 +141,7 @@ class DistributedDataParallel final : public Layout {
   std::vector<size_t> missing_;  // per bucket: parameters not yet taken
   size_t next_bucket_ = 0;       // buckets start in order
   std::vector<comm::Work> works_;
+  bool replicas_agree_ = true;  // false between local SGD's averagings
 };
 
 }  // namespace lockstep::parallel

@@ -61,6 +61,13 @@ class Layout {
   // with `reason`, so the job's log shows the cause rather than a peer's timeout. Within one
   // process, nothing to do.
   virtual void give_up(const std::string& /*reason*/) {}
+
+  // Whether every replica holds the same weights and optimizer state now. Local SGD's
+  // replicas drift apart between averagings: a training loop then puts a checkpoint or a
+  // stop off until they agree again, and averages them at the end of the run. The same on
+  // every process.
+  virtual bool replicas_agree() const { return true; }
+  virtual void average_replicas() {}
 };
 
 }  // namespace lockstep::parallel

@@ -145,6 +145,9 @@ TrainSummary Trainer::run_fit() {
   auto last_save = start;
   int64_t step = summary.resumed_from;
   bool stop = false;
+  // A checkpoint or a stop due while the layout's replicas disagree (local SGD between
+  // averagings) waits for the next step where they agree: only then is one copy the state.
+  bool save_pending = false, stop_pending = false;
   // Where the loop is, for a hang's report (comm/flight_recorder.h): steps numbered as the
   // metrics and checkpoints number them, from 1.
   comm::FlightRecorder& flight = comm::FlightRecorder::process();
@@ -200,6 +203,15 @@ TrainSummary Trainer::run_fit() {
       save_now = save_now || agreed == 1;
     }
     if (step == options_.stop_at_step) stop = true;
+    if (!layout_.replicas_agree()) {
+      save_pending = save_pending || save_now;
+      stop_pending = stop_pending || stop;
+      save_now = stop = false;
+    } else {
+      save_now = save_now || save_pending;
+      stop = stop || stop_pending;
+      save_pending = stop_pending = false;
+    }
     if (save_now && !stop) {
       save(step, loader.position(), summary, /*last=*/false);
       last_save = std::chrono::steady_clock::now();
@@ -209,6 +221,7 @@ TrainSummary Trainer::run_fit() {
   summary.steps = step;
   summary.finished = step == total;
   summary.position = loader.position();
+  if (!layout_.replicas_agree()) layout_.average_replicas();  // the run's end: one model
   if (on_trained) on_trained();
 
   // The end's checkpoint (or the stop's); its write is waited for, which holds no step.

@@ -38,7 +38,9 @@ struct TrainerOptions {
   std::string resume = "auto";
   // Checkpoints while training, into out_dir: every N steps (0: none), and every so many
   // seconds of training (0: none; the leader's clock decides for every process). The
-  // newest `keep_checkpoints` stay. A checkpoint is always written at the end.
+  // newest `keep_checkpoints` stay. A checkpoint is always written at the end. Where the
+  // layout's replicas disagree after a step (local SGD between averagings: layout.h), a
+  // checkpoint or a stop due then waits for the next step where they agree.
   int64_t checkpoint_every = 0;
   double checkpoint_interval_seconds = 0;
   int keep_checkpoints = 2;

@@ -284,6 +284,7 @@ int run_training(const TrainPlan& plan) {
       {"lr", settings.lr},
       {"precision", settings.precision},
       {"grad_dtype", settings.grad_dtype},
+      {"sync_every", settings.sync_every},
       {"steps", trained.steps},
       {"skipped_steps", skipped_steps},
       {"epoch", trained.position.epoch},
@@ -369,6 +370,9 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("grad-dtype", &options.grad_dtype,
             "ddp: f32, or bf16: gradients cross between processes in half the bytes, every partial sum rounded to "
             "bf16 (the same bits on any process count; not f32's)");
+  flags.add("sync-every", &options.sync_every,
+            "ddp: local SGD: each process steps on its own share, and the processes' weights and optimizer state are "
+            "averaged every this many steps (1: every step's gradients are all-reduced)");
   flags.add("lr", &options.lr, "learning rate (default: adamw 0.004, gpt 0.001; sgd 0.05)");
   flags.add("optimizer", &options.optimizer, "adamw or sgd (default adamw)");
   flags.add("momentum", &options.momentum, "SGD momentum");

@@ -35,6 +35,7 @@ struct TrainOptions {
   std::string backend = "auto";    // ddp's communicator
   double bucket_mb = 25;           // ddp's gradient bucket size
   std::string grad_dtype = "f32";  // ddp: what gradients cross between processes in (f32, bf16)
+  int64_t sync_every = 1;          // ddp: local SGD's steps between averagings (1: every step's gradients)
   double lr = -1;                  // -1: default_lr(model, optimizer)
   std::string optimizer;           // "": adamw
   double momentum = 0.9;

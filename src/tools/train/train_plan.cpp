@@ -242,6 +242,11 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
           "--precision " + s.precision + " runs on GPU devices; CPU devices compute in f32 (leave --precision out)");
   require(s.grad_dtype == "f32" || s.grad_dtype == "bf16",
           "--grad-dtype must be f32 or bf16, got '" + s.grad_dtype + "'");
+  require(s.sync_every >= 1, "--sync-every must be at least 1, got " + std::to_string(s.sync_every));
+  require(s.sync_every == 1 || s.strategy == "ddp",
+          "--sync-every is local SGD between ddp's processes; this run is --strategy " + s.strategy);
+  require(s.sync_every == 1 || s.grad_dtype == "f32",
+          "--sync-every sends no gradients, so --grad-dtype has nothing to do: give one of the two");
   require(s.grad_dtype == "f32" || (s.strategy == "ddp" && s.device_type == DeviceType::cpu),
           "--grad-dtype bf16 is for --strategy ddp on CPU devices, where gradients cross a network; this run is "
           "--strategy " +

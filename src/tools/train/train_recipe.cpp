@@ -97,6 +97,7 @@ Metadata train_recipe(const TrainOptions& options) {
       {"micro_batch", std::to_string(options.micro_batch)},
       {"precision", options.precision},
       {"grad_dtype", options.grad_dtype},
+      {"sync_every", std::to_string(options.sync_every)},
       {"data", options.data_dir},
   };
   if (options.model == "gpt") {
@@ -129,11 +130,14 @@ void apply_checkpoint_settings(const Metadata& checkpoint, const std::string& pa
   // device count is free.
   recipe.number("micro-batch", "micro_batch", options.micro_batch);
   recipe.text("precision", "precision", options.precision);
-  // bf16 gradients round the step's tree: part of the recipe. Checkpoints from before the
-  // flag were all f32.
-  Metadata with_grad_dtype = checkpoint;
-  with_grad_dtype.emplace("grad_dtype", "f32");
-  Reconciler(with_grad_dtype, path, given).text("grad-dtype", "grad_dtype", options.grad_dtype);
+  // bf16 gradients and local SGD shape the step: part of the recipe. Checkpoints from
+  // before these flags were all f32, synchronized every step.
+  Metadata with_defaults = checkpoint;
+  with_defaults.emplace("grad_dtype", "f32");
+  with_defaults.emplace("sync_every", "1");
+  const Reconciler newer(with_defaults, path, given);
+  newer.text("grad-dtype", "grad_dtype", options.grad_dtype);
+  newer.number("sync-every", "sync_every", options.sync_every);
   // The data as the run named it; a resume may name another path to the same data (moved,
   // or mounted elsewhere), which the checkpoint cannot check.
   if (!given("data")) options.data_dir = meta(checkpoint, path, "data");

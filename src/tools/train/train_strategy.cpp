@@ -119,7 +119,8 @@ class DistributedStrategy final : public TrainStrategy {
             .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20)),
             .zero1 = options.strategy == "zero1",
             .precision = parse_dtype(options.precision),
-            .gradient_dtype = parse_dtype(options.grad_dtype)});
+            .gradient_dtype = parse_dtype(options.grad_dtype),
+            .sync_every = options.sync_every});
   }
 
   Device device_;

@@ -239,6 +239,23 @@ TEST_F(TrainCommand, ZeroOneCheckpointResumesUnsharded) {
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
 }
 
+// Local SGD (--sync-every 4) over 2 processes: a stop asked after step 5 waits for the
+// averaging after step 8, whose checkpoint holds the one state; the resume ends with the
+// weights of an uninterrupted run.
+TEST_F(TrainCommand, LocalSgdStopsWhereReplicasAgreeAndResumesExactly) {
+  const std::string flags = base() + " --strategy ddp --micro-batch 8 --steps 12 --sync-every 4";
+  const auto run_two = [&](const std::string& extra) {
+    const auto exits = comm::testing::launch_program(2, kBinary, split_words(flags + extra), {});
+    for (const auto& e : exits) EXPECT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  };
+  run_two(" --out " + (root_ / "whole").string());
+  run_two(" --stop-after 5 --out " + (root_ / "split").string());
+  EXPECT_EQ(load_safetensors_metadata((root_ / "split" / "checkpoint.safetensors").string()).at("step"), "8");
+  run_two(" --resume " + (root_ / "split").string());
+  EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
+  EXPECT_EQ(summary(root_ / "whole")["sync_every"], 4);
+}
+
 int metrics_lines(const fs::path& file) {
   std::ifstream in(file);
   int lines = 0;
