@@ -174,6 +174,16 @@ TEST(DistributedDataParallel, LocalSgdIsTwoReplicasAveragedEveryKSteps) {
   }
 }
 
+// PowerSGD from step 1: one approximation on every rank, so the replicas stay equal; step 0
+// (before it starts) is plain ddp's.
+TEST(DistributedDataParallel, PowerSgdKeepsTheReplicasEqual) {
+  const DistributedDataParallelOptions powersgd{.powersgd_rank = 2, .powersgd_start_step = 1};
+  const auto compressed = train_ddp("mlp", 2, 32, 4, 4, powersgd);
+  EXPECT_TRUE(same_bits(compressed[0], compressed[1]));
+  EXPECT_FALSE(same_bits(compressed[0], train_ddp("mlp", 2, 32, 4, 4)[0]));
+  EXPECT_TRUE(same_bits(train_ddp("mlp", 2, 32, 4, 1, powersgd)[0], train_ddp("mlp", 2, 32, 4, 1)[0]));
+}
+
 TEST(DistributedDataParallel, ZeroOneGivesTheSameBits) {
   const Weights one = train_dp("mlp", 1, 32, 4, 3);
   const auto sharded = train_ddp("mlp", 4, 32, 4, 3, {.zero1 = true});

@@ -59,6 +59,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   LOCKSTEP_CHECK(options.sync_every == 1 || (!options.zero1 && options.gradient_dtype == DType::f32))
       << "local SGD (sync_every " << options.sync_every
       << ") sends no gradients: it combines with neither ZeRO-1 nor bf16 gradients";
+  if (options.powersgd_rank != 0) {
+    LOCKSTEP_CHECK(options.powersgd_rank > 0 && options.powersgd_start_step >= 0)
+        << "PowerSGD needs a rank of at least 1 and a start step of 0 or more, got rank " << options.powersgd_rank
+        << " from step " << options.powersgd_start_step;
+    LOCKSTEP_CHECK(!options.zero1 && options.sync_every == 1 && options.gradient_dtype == DType::f32)
+        << "PowerSGD combines with neither ZeRO-1, local SGD nor bf16 gradients: give one of them";
+    powersgd_ = std::make_unique<PowerSgd>(gradients_, options.powersgd_rank, /*seed=*/0);
+  }
   if (options.gradient_dtype != DType::f32) {
     LOCKSTEP_CHECK(!options.zero1) << "bf16 gradients are not supported with ZeRO-1 yet: use --strategy ddp";
     LOCKSTEP_CHECK(gradients_.params().front().device().is_cpu() && gradients_.params().front().dtype() == DType::f32)
@@ -106,8 +114,7 @@ void DistributedDataParallel::set_lr(double lr) {
 
 double DistributedDataParallel::lr() const { return sharded_ ? sharded_->lr() : optimizer_->lr(); }
 
-NamedTensors DistributedDataParallel::optimizer_state() {
-  if (sharded_) return sharded_->full_state_dict();
+NamedTensors DistributedDataParallel::own_optimizer_state() {
   NamedTensors state = optimizer_->state_dict();
   if (scaler_) {
     for (auto& entry : scaler_->state_dict()) state.push_back(std::move(entry));
@@ -115,17 +122,65 @@ NamedTensors DistributedDataParallel::optimizer_state() {
   return state;
 }
 
+NamedTensors DistributedDataParallel::optimizer_state() {
+  NamedTensors state = sharded_ ? sharded_->full_state_dict() : own_optimizer_state();
+  add_powersgd_state(state, -1);
+  return state;
+}
+
 NamedTensors DistributedDataParallel::optimizer_state_on(int root) {
-  if (sharded_) return sharded_->full_state_dict(root);
-  return comm_->rank() == root ? optimizer_state() : NamedTensors{};  // every rank has it already
+  NamedTensors state = sharded_                ? sharded_->full_state_dict(root)
+                       : comm_->rank() == root ? own_optimizer_state()
+                                               : NamedTensors{};  // every rank has it already
+  add_powersgd_state(state, root);
+  return state;
+}
+
+// PowerSGD's Q is every rank's; each rank's error is its own, so a checkpoint holds one per
+// rank ("powersgd.error.rank<r>") and resumes on as many ranks.
+void DistributedDataParallel::add_powersgd_state(NamedTensors& state, int root) {
+  if (!powersgd_) return;
+  const NamedTensors mine = powersgd_->state();
+  const Tensor& q = mine.at(0).second;
+  const Tensor& error = mine.at(1).second;
+  const bool keeps = root < 0 || comm_->rank() == root;
+  if (keeps) state.emplace_back("powersgd.q", q.clone());
+  for (int r = 0; r < comm_->size(); ++r) {
+    const std::string name = "powersgd.error.rank" + std::to_string(r);
+    Tensor theirs = r == comm_->rank() ? error.clone() : Tensor::empty(error.shape(), error.dtype());
+    if (root < 0) {
+      comm_->broadcast(theirs, r);
+    } else if (r != root) {
+      if (comm_->rank() == r) comm_->send(theirs, root);
+      if (comm_->rank() == root) comm_->recv(theirs, r);
+    }
+    if (keeps) state.emplace_back(name, theirs);
+  }
 }
 
 void DistributedDataParallel::load_optimizer_state(const NamedTensors& state) {
+  NamedTensors optimizer_state;
+  NamedTensors powersgd_state;
+  int errors = 0;
+  const std::string own_error = "powersgd.error.rank" + std::to_string(comm_->rank());
+  for (const auto& [name, tensor] : state) {
+    if (!name.starts_with("powersgd.")) {
+      optimizer_state.emplace_back(name, tensor);
+      continue;
+    }
+    if (name == "powersgd.q") powersgd_state.emplace_back("q", tensor);
+    if (name.starts_with("powersgd.error.rank")) ++errors;
+    if (name == own_error) powersgd_state.emplace_back("error", tensor);
+  }
+  LOCKSTEP_CHECK(errors == 0 || errors == comm_->size())
+      << "this checkpoint's PowerSGD error feedback is of " << errors << " ranks; each rank's is its own, so resume on "
+      << errors << " ranks, not " << comm_->size();
+  LOCKSTEP_CHECK(errors == 0 || powersgd_) << "this checkpoint holds PowerSGD state: resume with PowerSGD on";
+  if (powersgd_ && !powersgd_state.empty()) powersgd_->load_state(powersgd_state);
   if (sharded_) {
-    sharded_->load_full_state_dict(state);
+    sharded_->load_full_state_dict(optimizer_state);
     return;
   }
-  NamedTensors optimizer_state = state;
   const NamedTensors scaler_state = optim::extract_scaler_state(optimizer_state);
   if (scaler_ && !scaler_state.empty()) scaler_->load_state_dict(scaler_state);
   optimizer_->load_state_dict(optimizer_state);
@@ -140,7 +195,7 @@ void DistributedDataParallel::on_gradient_ready(size_t param) {
   gradients_.take(param, last_leaf_);
   taken_[param] = true;
   --missing_[bucket_of_[param]];
-  if (!options_.zero1 && !local_sgd()) start_ready_buckets();  // zero1 reduce-scatters after backward
+  if (!options_.zero1 && !hold_buckets_) start_ready_buckets();  // zero1 reduce-scatters after backward
 }
 
 void DistributedDataParallel::clear_grad_destinations() {
@@ -219,6 +274,8 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
   // Local SGD's step is the share's own: its gradients are the share's mean.
   const int64_t normalizer = local_sgd() ? local : batch;
+  const bool compress = powersgd_ && context.step >= static_cast<uint64_t>(options_.powersgd_start_step);
+  hold_buckets_ = local_sgd() || compress;
 
   const int64_t micro = options_.micro_batch;
   const Device device = gradients_.params().front().device();  // the samples go where the model is
@@ -256,8 +313,12 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
     gradients_.take(i, last_leaf_);
     --missing_[bucket_of_[i]];
   }
-  if (options_.zero1 || local_sgd()) {
+  if (options_.zero1 || hold_buckets_) {
     tree_.finish_range(last_leaf_, 0, last_leaf_.numel());
+    if (compress) {
+      const comm::FlightPhase phase("PowerSGD");
+      powersgd_->reduce(last_leaf_, *comm_);
+    }
   } else {
     start_ready_buckets();
   }

@@ -33,6 +33,7 @@
 #include "lockstep/parallel/flat_gradients.h"
 #include "lockstep/parallel/gradient_tree.h"
 #include "lockstep/parallel/layout.h"
+#include "lockstep/parallel/powersgd.h"
 #include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
 #include "lockstep/parallel/step_statistics.h"
@@ -61,6 +62,12 @@ struct DistributedDataParallelOptions {
   // own data between averagings), never on hosts, placement or a resume; one rank gives
   // plain ddp's bits. Not with zero1 or a bf16 gradient_dtype.
   int64_t sync_every = 1;
+  // PowerSGD (powersgd.h): gradients cross as rank-`powersgd_rank` approximations with error
+  // feedback from step `powersgd_start_step` of the run on (plain all-reduces before: the
+  // warm-up PyTorch's start_powerSGD_iter gives); 0: off. Replicas stay equal; the weights
+  // depend on the rank count. CPU devices, without zero1, local SGD or bf16 gradients.
+  int powersgd_rank = 0;
+  int64_t powersgd_start_step = 10;
 };
 
 // A contiguous range of the flat gradient buffer, reduced by one all-reduce.
@@ -116,6 +123,9 @@ class DistributedDataParallel final : public Layout {
   void start_ready_buckets();
   void unpack_wire();  // the reduced bf16 buckets back into last_leaf_
   bool local_sgd() const { return options_.sync_every > 1; }
+  // Plain ddp's state, and PowerSGD's added to it: gathered on root, or on every rank (-1).
+  NamedTensors own_optimizer_state();
+  void add_powersgd_state(NamedTensors& state, int root);
   // In place, every rank's tensors become the ranks' average: f32 tensors in one call.
   void average(const std::vector<Tensor>& tensors);
 
@@ -142,6 +152,8 @@ class DistributedDataParallel final : public Layout {
   size_t next_bucket_ = 0;       // buckets start in order
   std::vector<comm::Work> works_;
   bool replicas_agree_ = true;  // false between local SGD's averagings
+  std::unique_ptr<PowerSgd> powersgd_;
+  bool hold_buckets_ = false;  // this step reduces after backward (local SGD, PowerSGD)
 };
 
 }  // namespace lockstep::parallel

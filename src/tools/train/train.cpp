@@ -285,6 +285,7 @@ int run_training(const TrainPlan& plan) {
       {"precision", settings.precision},
       {"grad_dtype", settings.grad_dtype},
       {"sync_every", settings.sync_every},
+      {"powersgd_rank", settings.powersgd_rank},
       {"steps", trained.steps},
       {"skipped_steps", skipped_steps},
       {"epoch", trained.position.epoch},
@@ -373,6 +374,9 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("sync-every", &options.sync_every,
             "ddp: local SGD: each process steps on its own share, and the processes' weights and optimizer state are "
             "averaged every this many steps (1: every step's gradients are all-reduced)");
+  flags.add("powersgd-rank", &options.powersgd_rank,
+            "ddp: PowerSGD: gradient matrices cross as rank-R approximations with error feedback (0: off)");
+  flags.add("powersgd-start", &options.powersgd_start, "ddp: the step PowerSGD starts at; plain all-reduces before");
   flags.add("lr", &options.lr, "learning rate (default: adamw 0.004, gpt 0.001; sgd 0.05)");
   flags.add("optimizer", &options.optimizer, "adamw or sgd (default adamw)");
   flags.add("momentum", &options.momentum, "SGD momentum");

@@ -36,6 +36,8 @@ struct TrainOptions {
   double bucket_mb = 25;           // ddp's gradient bucket size
   std::string grad_dtype = "f32";  // ddp: what gradients cross between processes in (f32, bf16)
   int64_t sync_every = 1;          // ddp: local SGD's steps between averagings (1: every step's gradients)
+  int64_t powersgd_rank = 0;       // ddp: PowerSGD's approximation rank (0: off)
+  int64_t powersgd_start = 10;     // ddp: the step PowerSGD starts at (plain all-reduces before)
   double lr = -1;                  // -1: default_lr(model, optimizer)
   std::string optimizer;           // "": adamw
   double momentum = 0.9;

@@ -247,6 +247,13 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
           "--sync-every is local SGD between ddp's processes; this run is --strategy " + s.strategy);
   require(s.sync_every == 1 || s.grad_dtype == "f32",
           "--sync-every sends no gradients, so --grad-dtype has nothing to do: give one of the two");
+  require(s.powersgd_rank >= 0 && s.powersgd_rank <= 1024,
+          "--powersgd-rank must be 0 (off) to 1024, got " + std::to_string(s.powersgd_rank));
+  require(s.powersgd_start >= 0, "--powersgd-start must be 0 or more, got " + std::to_string(s.powersgd_start));
+  require(s.powersgd_rank == 0 || (s.strategy == "ddp" && s.device_type == DeviceType::cpu),
+          "--powersgd-rank is for --strategy ddp on CPU devices; this run is --strategy " + s.strategy);
+  require(s.powersgd_rank == 0 || (s.sync_every == 1 && s.grad_dtype == "f32"),
+          "--powersgd-rank combines with neither --sync-every nor --grad-dtype: give one of them");
   require(s.grad_dtype == "f32" || (s.strategy == "ddp" && s.device_type == DeviceType::cpu),
           "--grad-dtype bf16 is for --strategy ddp on CPU devices, where gradients cross a network; this run is "
           "--strategy " +

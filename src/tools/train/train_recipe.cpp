@@ -98,6 +98,8 @@ Metadata train_recipe(const TrainOptions& options) {
       {"precision", options.precision},
       {"grad_dtype", options.grad_dtype},
       {"sync_every", std::to_string(options.sync_every)},
+      {"powersgd_rank", std::to_string(options.powersgd_rank)},
+      {"powersgd_start", std::to_string(options.powersgd_start)},
       {"data", options.data_dir},
   };
   if (options.model == "gpt") {
@@ -130,14 +132,18 @@ void apply_checkpoint_settings(const Metadata& checkpoint, const std::string& pa
   // device count is free.
   recipe.number("micro-batch", "micro_batch", options.micro_batch);
   recipe.text("precision", "precision", options.precision);
-  // bf16 gradients and local SGD shape the step: part of the recipe. Checkpoints from
-  // before these flags were all f32, synchronized every step.
+  // bf16 gradients, local SGD and PowerSGD shape the step: part of the recipe. Checkpoints
+  // from before these flags were all f32 all-reduces, every step.
   Metadata with_defaults = checkpoint;
   with_defaults.emplace("grad_dtype", "f32");
   with_defaults.emplace("sync_every", "1");
+  with_defaults.emplace("powersgd_rank", "0");
+  with_defaults.emplace("powersgd_start", "10");
   const Reconciler newer(with_defaults, path, given);
   newer.text("grad-dtype", "grad_dtype", options.grad_dtype);
   newer.number("sync-every", "sync_every", options.sync_every);
+  newer.number("powersgd-rank", "powersgd_rank", options.powersgd_rank);
+  newer.number("powersgd-start", "powersgd_start", options.powersgd_start);
   // The data as the run named it; a resume may name another path to the same data (moved,
   // or mounted elsewhere), which the checkpoint cannot check.
   if (!given("data")) options.data_dir = meta(checkpoint, path, "data");

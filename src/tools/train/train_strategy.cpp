@@ -120,7 +120,9 @@ class DistributedStrategy final : public TrainStrategy {
             .zero1 = options.strategy == "zero1",
             .precision = parse_dtype(options.precision),
             .gradient_dtype = parse_dtype(options.grad_dtype),
-            .sync_every = options.sync_every});
+            .sync_every = options.sync_every,
+            .powersgd_rank = static_cast<int>(options.powersgd_rank),
+            .powersgd_start_step = options.powersgd_start});
   }
 
   Device device_;

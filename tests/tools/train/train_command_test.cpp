@@ -256,6 +256,25 @@ TEST_F(TrainCommand, LocalSgdStopsWhereReplicasAgreeAndResumesExactly) {
   EXPECT_EQ(summary(root_ / "whole")["sync_every"], 4);
 }
 
+// PowerSGD over 2 processes: each rank's error feedback is in the checkpoint, so a stop
+// and a resume end with the weights of an uninterrupted run.
+TEST_F(TrainCommand, PowerSgdResumesExactly) {
+  const std::string flags = base() + " --strategy ddp --micro-batch 8 --steps 12 --powersgd-rank 2 --powersgd-start 2";
+  const auto run_two = [&](const std::string& extra) {
+    const auto exits = comm::testing::launch_program(2, kBinary, split_words(flags + extra), {});
+    for (const auto& e : exits) EXPECT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  };
+  run_two(" --out " + (root_ / "whole").string());
+  run_two(" --stop-after 5 --out " + (root_ / "split").string());
+  run_two(" --resume " + (root_ / "split").string());
+  EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
+  const Result one = run(base() + " --strategy ddp --resume " + (root_ / "split").string());
+  EXPECT_EQ(one.exit_code, 1);
+  EXPECT_NE(one.output.find("error feedback is of 2 ranks; each rank's is its own, so resume on 2 ranks, not 1"),
+            std::string::npos)
+      << one.output;
+}
+
 int metrics_lines(const fs::path& file) {
   std::ifstream in(file);
   int lines = 0;
