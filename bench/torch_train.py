@@ -40,15 +40,24 @@ def read_idx(path, header_bytes):
         return np.frombuffer(f.read(), dtype=np.uint8, offset=header_bytes)
 
 
-def load_training_set(data_dir):
-    """Fashion-MNIST's training images as float32 [n, 1, 28, 28] in [0, 1] and int64 labels."""
+def load_images(data_dir, prefix):
+    """Fashion-MNIST's `prefix` ("train" or "t10k") images as float32 [n, 1, 28, 28] in [0, 1]
+    and int64 labels."""
     import numpy as np
     import torch
 
-    pixels = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"), 16)
-    labels = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"), 8)
+    pixels = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"), 16)
+    labels = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"), 8)
     images = torch.from_numpy(pixels.reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
     return images, torch.from_numpy(labels.astype(np.int64))
+
+
+def load_training_set(data_dir):
+    return load_images(data_dir, "train")
+
+
+def load_test_set(data_dir):
+    return load_images(data_dir, "t10k")
 
 
 def main():
