@@ -2,7 +2,8 @@
 # The all-reduce across hosts: `lockstep bench collectives --backend mpi --compare mpi` on 2
 # test hosts x 2 ranks (scripts/test-hosts), each link shaped to each rate, once by host
 # (shared memory within a host, MPI across: the default) and once flat
-# (LOCKSTEP_MPI_HIERARCHY=0), both beside OpenMPI's own MPI_Allreduce in the same run.
+# (LOCKSTEP_MPI_HIERARCHY=0), both beside OpenMPI's own MPI_Allreduce in the same run. Four ranks
+# share this machine's cores, so MPI is told to yield while it waits (mpi_yield_when_idle).
 # Needs root; the hosts are removed on exit, also on failure or Ctrl-C.
 #
 #   bench/collectives_across_hosts.sh [RATE...]        default: 1gbit 10gbit
@@ -26,7 +27,7 @@ run_bench() {  # $1: LOCKSTEP_MPI_HIERARCHY
     timeout 600 mpirun --allow-run-as-root --bind-to none \
     --host "10.231.$LOCKSTEP_TEST_HOSTS_NET.11:2,10.231.$LOCKSTEP_TEST_HOSTS_NET.12:2" -n 4 \
     --mca plm_rsh_agent "$root/scripts/test-hosts rsh" --mca oob_tcp_if_include "$subnet" \
-    --mca btl_tcp_if_include "$subnet" --mca btl self,vader,tcp \
+    --mca btl_tcp_if_include "$subnet" --mca btl self,vader,tcp --mca mpi_yield_when_idle 1 \
     -x LOCKSTEP_TEST_HOSTS_PREFIX -x LOCKSTEP_TEST_HOSTS_NET -x LOCKSTEP_MPI_HIERARCHY \
     "$lockstep" bench collectives --backend mpi --compare mpi --collective all_reduce $flags
 }
