@@ -78,16 +78,18 @@ INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalConformance,
                            return std::to_string(info.param.hosts) + "hosts_x" + std::to_string(info.param.per_host);
                          });
 
-// Three ranks per host would make each host's sum a subtree the flat tree does not have.
-TEST(HierarchicalCommunicator, RefusesRanksPerHostThatAreNotAPowerOfTwo) {
-  std::vector<std::shared_ptr<Communicator>> comms = LocalCommunicator::create_group(6);
+// Each rank's error (empty if none) from making a hierarchical group over `size` threads
+// whose local groups are split by host_of(rank) and cross groups by local_of(rank).
+template <typename HostOf, typename LocalOf>
+std::vector<std::string> construction_errors(int size, HostOf host_of, LocalOf local_of) {
+  std::vector<std::shared_ptr<Communicator>> comms = LocalCommunicator::create_group(size);
   std::vector<std::thread> threads;
-  std::vector<std::string> errors(6);
-  for (int r = 0; r < 6; ++r) {
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       std::shared_ptr<Communicator> flat = comms[static_cast<size_t>(r)];
-      std::shared_ptr<Communicator> local = flat->split(r / 3, r);
-      std::shared_ptr<Communicator> cross = flat->split(r % 3, r);
+      std::shared_ptr<Communicator> local = flat->split(host_of(r), r);
+      std::shared_ptr<Communicator> cross = flat->split(local_of(r), r);
       try {
         HierarchicalCommunicator hierarchical(flat, local, cross);
       } catch (const Error& e) {
@@ -96,30 +98,23 @@ TEST(HierarchicalCommunicator, RefusesRanksPerHostThatAreNotAPowerOfTwo) {
     });
   }
   for (auto& t : threads) t.join();
-  for (const std::string& error : errors) {
+  return errors;
+}
+
+// Three ranks per host would make each host's sum a subtree the flat tree does not have.
+TEST(HierarchicalCommunicator, RefusesRanksPerHostThatAreNotAPowerOfTwo) {
+  for (const std::string& error : construction_errors(
+           6, [](int r) { return r / 3; }, [](int r) { return r % 3; })) {
     EXPECT_NE(error.find("power of two ranks per host"), std::string::npos) << error;
     EXPECT_NE(error.find("got 3"), std::string::npos) << error;
   }
 }
 
-// Hosts must hold consecutive ranks: round-robin placement is refused, not folded out of order.
+// Hosts must hold consecutive ranks: round-robin placement (hosts {0, 2} and {1, 3}) is
+// refused, not folded out of order. Ranks 1 and 2 see it; 0 and 3 sit where they would.
 TEST(HierarchicalCommunicator, RefusesHostsOfScatteredRanks) {
-  std::vector<std::shared_ptr<Communicator>> comms = LocalCommunicator::create_group(4);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(4);
-  for (int r = 0; r < 4; ++r) {
-    threads.emplace_back([&, r] {
-      std::shared_ptr<Communicator> flat = comms[static_cast<size_t>(r)];
-      std::shared_ptr<Communicator> local = flat->split(r % 2, r);  // hosts {0, 2} and {1, 3}
-      std::shared_ptr<Communicator> cross = flat->split(r / 2, r);
-      try {
-        HierarchicalCommunicator hierarchical(flat, local, cross);
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::string> errors = construction_errors(
+      4, [](int r) { return r % 2; }, [](int r) { return r / 2; });
   for (int r = 1; r < 3; ++r) {
     EXPECT_NE(errors[static_cast<size_t>(r)].find("hosts of consecutive ranks"), std::string::npos)
         << errors[static_cast<size_t>(r)];

@@ -183,6 +183,26 @@ TEST_F(MultiNodeRun, AFailureOnOneNodeStopsEveryNode) {
       << nodes[0].output;
 }
 
+// The launchers' rendezvous across hosts proves the job's secret: a node started with
+// another secret is refused, saying why, and node 0 gives up waiting for it.
+TEST_F(MultiNodeRun, ANodeWithoutTheJobsSecretIsRefused) {
+  const std::string ours(64, 'a'), theirs(64, 'b');
+  std::vector<std::future<Result>> launchers;
+  for (int node = 0; node < 2; ++node) {
+    launchers.push_back(std::async(std::launch::async, [&, node] {
+      return run_shell("env LOCKSTEP_JOB_SECRET=" + (node == 0 ? ours : theirs) + " " +
+                       hosts_->on(node, kBinary + " run --nnodes 2 --node-rank " + std::to_string(node) +
+                                            " --master-addr " + hosts_->address(0) +
+                                            " --master-port 29660 --join-timeout 5 -n 1 -- /bin/true"));
+    }));
+  }
+  const Result node0 = launchers[0].get(), node1 = launchers[1].get();
+  EXPECT_NE(node1.exit_code, 0) << node1.output;
+  EXPECT_NE(node1.output.find("do not share the job's secret"), std::string::npos) << node1.output;
+  EXPECT_NE(node0.exit_code, 0) << node0.output;
+  EXPECT_NE(node0.output.find("only 1 of 2 nodes' launchers came"), std::string::npos) << node0.output;
+}
+
 TEST_F(MultiNodeRun, NodesOfOneJobMustAllCome) {
   // Only node 0 starts: it gives up after --join-timeout, saying what is missing.
   const Result alone = run_shell(hosts_->on(0, kBinary + " run --nnodes 2 --node-rank 0 --master-addr " +

@@ -84,6 +84,11 @@ class TrainCommand : public ::testing::Test {
     std::ifstream in(out / "summary.json");
     return nlohmann::json::parse(in);
   }
+  // `lockstep <flags>` as `processes` ranks of one job; each must exit 0.
+  static void run_processes(int processes, const std::string& flags) {
+    const auto exits = comm::testing::launch_program(processes, kBinary, split_words(flags), {});
+    for (const auto& e : exits) EXPECT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
+  }
 
   fs::path root_, data_;
 };
@@ -244,10 +249,7 @@ TEST_F(TrainCommand, ZeroOneCheckpointResumesUnsharded) {
 // weights of an uninterrupted run.
 TEST_F(TrainCommand, LocalSgdStopsWhereReplicasAgreeAndResumesExactly) {
   const std::string flags = base() + " --strategy ddp --micro-batch 8 --steps 12 --sync-every 4";
-  const auto run_two = [&](const std::string& extra) {
-    const auto exits = comm::testing::launch_program(2, kBinary, split_words(flags + extra), {});
-    for (const auto& e : exits) EXPECT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
-  };
+  const auto run_two = [&](const std::string& extra) { run_processes(2, flags + extra); };
   run_two(" --out " + (root_ / "whole").string());
   run_two(" --stop-after 5 --out " + (root_ / "split").string());
   EXPECT_EQ(load_safetensors_metadata((root_ / "split" / "checkpoint.safetensors").string()).at("step"), "8");
@@ -260,10 +262,7 @@ TEST_F(TrainCommand, LocalSgdStopsWhereReplicasAgreeAndResumesExactly) {
 // and a resume end with the weights of an uninterrupted run.
 TEST_F(TrainCommand, PowerSgdResumesExactly) {
   const std::string flags = base() + " --strategy ddp --micro-batch 8 --steps 12 --powersgd-rank 2 --powersgd-start 2";
-  const auto run_two = [&](const std::string& extra) {
-    const auto exits = comm::testing::launch_program(2, kBinary, split_words(flags + extra), {});
-    for (const auto& e : exits) EXPECT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
-  };
+  const auto run_two = [&](const std::string& extra) { run_processes(2, flags + extra); };
   run_two(" --out " + (root_ / "whole").string());
   run_two(" --stop-after 5 --out " + (root_ / "split").string());
   run_two(" --resume " + (root_ / "split").string());
