@@ -47,6 +47,9 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() const { return first_signal.load(); }
 
+bool stop_signals_installed() { return installed.load(); }
+int stop_signal_received() { return installed.load() ? first_signal.load() : 0; }
+
 const char* stop_signal_name(int signal) {
   switch (signal) {
     case SIGTERM:

@@ -17,6 +17,12 @@ class StopSignals {
   int received() const;
 };
 
+// Whether a StopSignals is installed in this process now, and the first signal it received
+// (0: none): a program that installs one at start-up, before its Trainer exists, so that a
+// signal arriving while it starts is not fatal, lets the Trainer read that one.
+bool stop_signals_installed();
+int stop_signal_received();
+
 // "SIGTERM", "SIGINT", "SIGUSR1", or "signal N".
 const char* stop_signal_name(int signal);
 

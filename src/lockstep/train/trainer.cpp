@@ -132,8 +132,9 @@ TrainSummary Trainer::run_fit() {
     writer_ = std::make_unique<CheckpointWriter>(CheckpointFolder(options_.out_dir, options_.keep_checkpoints));
     metrics = std::make_unique<JsonLinesWriter>((out / "metrics.jsonl").string(), summary.resumed_from > 0);
   }
+  // The program's own, where it installed one before the run (stop_signals.h).
   std::optional<StopSignals> signals;
-  if (options_.stop_on_signals) signals.emplace();
+  if (options_.stop_on_signals && !stop_signals_installed()) signals.emplace();
   // Saving by the clock and stopping on a signal need every process's agreement at each
   // step boundary; saving every N steps and stop_at_step do not.
   const bool agree = options_.stop_on_signals || options_.checkpoint_interval_seconds > 0;
@@ -194,7 +195,7 @@ TrainSummary Trainer::run_fit() {
       const bool clock_due =
           options_.leader && options_.checkpoint_interval_seconds > 0 &&
           std::chrono::duration<double>(now - last_save).count() >= options_.checkpoint_interval_seconds;
-      const int signal = signals ? signals->received() : 0;
+      const int signal = options_.stop_on_signals ? stop_signal_received() : 0;
       const int64_t agreed = layout_.max_over_processes(signal ? kSignalled + signal : clock_due ? 1 : 0);
       if (agreed >= kSignalled) {
         summary.stop_signal = static_cast<int>(agreed - kSignalled);

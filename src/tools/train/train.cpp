@@ -329,6 +329,10 @@ int run_training(const TrainPlan& plan) {
 }  // namespace
 
 int train_main(const std::vector<std::string>& args) {
+  // Slurm's --signal can come up to a minute early, as the job starts: caught from the first
+  // instant, it stops the run at its first step boundary with a checkpoint instead of ending
+  // the process while it meets its peers or loads its data.
+  const train::StopSignals stop_signals;
   TrainOptions options;
   Flags flags(
       "lockstep train",

@@ -8,6 +8,7 @@
 
 #include "lockstep/comm/cuda/nccl_state.h"
 #include "lockstep/comm/cuda/tree_reduce_kernel.h"
+#include "lockstep/comm/slices.h"
 
 namespace lockstep::comm {
 namespace {
@@ -232,15 +233,19 @@ void NcclCommunicator::deterministic_all_reduce(const Tensor& tensor, const Coll
   cudaStream_t stream = s.collectives.get();
   const Exchange exchange{*s.world, stream, n, me, desc.dtype, timeout(), what};
   char* data = nccl::device_pointer(tensor);
-  // Pieces are whole multiples of n elements (but the last), so they split evenly.
-  const int64_t piece = std::max<int64_t>(1, kPieceBytes / es / n) * n;
+  // Pieces are whole multiples of n aligned slices (but the last), so they split evenly.
+  const int64_t align = std::max<int64_t>(1, kSliceAlignBytes / es);
+  const int64_t piece = std::max<int64_t>(1, kPieceBytes / es / (n * align)) * n * align;
   std::vector<int64_t> offsets(static_cast<size_t>(n)), counts(static_cast<size_t>(n));
   for (int64_t begin = 0; begin < desc.count; begin += piece) {
     const int64_t len = std::min(piece, desc.count - begin);
-    const int64_t slice = (len + n - 1) / n;  // the last slices may be shorter, or empty
+    // The one cut of comm/slices.h: rank 0's slice is the longest, the last ones shorter or
+    // empty, so every row of the exchange is rank 0's length.
+    const int64_t slice = slice_of(len, 0, n, static_cast<size_t>(es)).size;
     for (int r = 0; r < n; ++r) {
-      offsets[static_cast<size_t>(r)] = std::min(len, r * slice);
-      counts[static_cast<size_t>(r)] = std::clamp<int64_t>(len - r * slice, 0, slice);
+      const Slice mine = slice_of(len, r, n, static_cast<size_t>(es));
+      offsets[static_cast<size_t>(r)] = mine.begin;
+      counts[static_cast<size_t>(r)] = mine.size;
     }
     char* base = data + begin * es;
     char* rows = s.scratch.reserve(static_cast<size_t>(n * slice * es));
