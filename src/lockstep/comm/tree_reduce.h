@@ -20,7 +20,8 @@ int tree_split(int n);
 
 // out[i] = fold over k of inputs[k][i], for count elements of dtype. out may alias any input.
 // sum and avg of bf16/f16 accumulate in f32 and round once (rounded_sum rounds at every
-// node instead: reduce_op.h); avg divides the sum by n in the accumulation type; avg of an integer dtype is an Error. u8 is not reducible.
+// node instead: reduce_op.h); avg divides the sum by n in the accumulation type; avg of an integer dtype is an Error.
+// u8 is not reducible.
 void tree_reduce(const void* const* inputs, int n, void* out, int64_t count, DType dtype, ReduceOp op);
 
 // The same fold, each result block written to every one of outputs[0..n_out) while it is
