@@ -100,11 +100,13 @@ TEST(CudaTensor, ConvertsOnTheGpuAsTheCpuDoes) {
   values[2] = 1e-6;
   values[3] = -0.0;
   values[4] = std::nan("");
-  values[5] = 1e39;  // inf in f32, bf16 and f16
+  values[5] = 1e39;     // inf in f32, bf16 and f16
+  values[6] = -3.7e12;  // past every integer type but i64
+  values[7] = 300.5;    // past u8
   for (DType from : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
     const Tensor host = Tensor::from_vector<double>(values, {777}).to(from);
     const Tensor device = host.to(kCuda0);
-    for (DType to : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (DType to : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
       EXPECT_EQ(bytes_of(device.to(to).to(Device::cpu())), bytes_of(host.to(to)))
           << dtype_name(from) << " -> " << dtype_name(to);
     }

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/tensor.h"
 
 namespace lockstep {
 namespace {
@@ -51,6 +54,29 @@ TEST(DType, ParseNamesAndRejectsUnknown) {
 
 // An empty tensor may own no bytes at all; converting none of them must not touch them
 // (memcpy with a null pointer is undefined even for zero bytes: UBSan catches it).
+// Floats become integers truncated toward zero, saturated at the bounds, NaN as 0: what the
+// GPU's conversion gives, so both devices agree (a plain cast is undefined past the bounds).
+TEST(ConvertElements, FloatsToIntegersTruncateAndSaturate) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> values = {-3.7, 3.7, std::nan(""), inf, -inf, 3e9, -3e9, 1e19, -1e19, 300.5, -1.0, 255.9};
+  const auto converted = [&](DType from, DType to) {
+    const Tensor source = Tensor::from_vector<double>(values, {static_cast<int64_t>(values.size())}).to(from);
+    return source.to(to).to_vector<int64_t>();
+  };
+  for (DType from : {DType::f64, DType::f32}) {
+    EXPECT_EQ(converted(from, DType::i32), (std::vector<int64_t>{-3, 3, 0, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN,
+                                                                 INT32_MAX, INT32_MIN, 300, -1, 255}))
+        << dtype_name(from);
+    EXPECT_EQ(converted(from, DType::i64), (std::vector<int64_t>{-3, 3, 0, INT64_MAX, INT64_MIN, 3000000000,
+                                                                 -3000000000, INT64_MAX, INT64_MIN, 300, -1, 255}))
+        << dtype_name(from);
+    EXPECT_EQ(converted(from, DType::u8), (std::vector<int64_t>{0, 3, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255}))
+        << dtype_name(from);
+  }
+  // The largest float below 2^31 still converts as itself.
+  EXPECT_EQ(Tensor::from_vector<float>({2147483520.0f}, {1}).to(DType::i32).to_vector<int64_t>()[0], 2147483520);
+}
+
 TEST(ConvertElements, NothingToConvertFromOrToNull) {
   convert_elements(nullptr, DType::f32, nullptr, DType::f32, 0);
   convert_elements(nullptr, DType::bf16, nullptr, DType::f64, 0);

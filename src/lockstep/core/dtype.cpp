@@ -1,8 +1,10 @@
 #include "lockstep/core/dtype.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/float_to_integer.h"
 
 namespace lockstep {
 
@@ -87,27 +89,37 @@ bool is_floating(DType dtype) {
 namespace lockstep {
 namespace {
 
+// A floating value as Dst holds it: integers truncate and saturate (float_to_integer.h).
+template <typename Dst, typename Float>
+Dst from_floating(Float value) {
+  if constexpr (std::is_integral_v<Dst>) {
+    return float_to_integer<Dst>(value);
+  } else {
+    return static_cast<Dst>(value);
+  }
+}
+
 template <typename Dst>
 void convert_to(const void* src, DType src_dtype, Dst* dst, int64_t n) {
   switch (src_dtype) {
     case DType::f32: {
       auto* s = static_cast<const float*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(s[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = from_floating<Dst>(s[i]);
       break;
     }
     case DType::f64: {
       auto* s = static_cast<const double*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(s[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = from_floating<Dst>(s[i]);
       break;
     }
     case DType::bf16: {
       auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(bf16_to_f32(s[i]));
+      for (int64_t i = 0; i < n; ++i) dst[i] = from_floating<Dst>(bf16_to_f32(s[i]));
       break;
     }
     case DType::f16: {
       auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(f16_to_f32(s[i]));
+      for (int64_t i = 0; i < n; ++i) dst[i] = from_floating<Dst>(f16_to_f32(s[i]));
       break;
     }
     case DType::i32: {

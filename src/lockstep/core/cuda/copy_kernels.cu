@@ -1,6 +1,9 @@
+#include <type_traits>
+
 #include "lockstep/core/cuda/check.h"
 #include "lockstep/core/cuda/copy_kernels.h"
 #include "lockstep/core/error.h"
+#include "lockstep/core/float_to_integer.h"
 #include "lockstep/core/half_bits.h"
 
 namespace lockstep::cuda {
@@ -46,7 +49,11 @@ __device__ double to_f64(float value) {
 
 template <typename Dst, typename V>
 __device__ void store(Dst* p, V value) {
-  *p = static_cast<Dst>(value);
+  if constexpr (std::is_integral_v<Dst> && std::is_floating_point_v<V>) {
+    *p = float_to_integer<Dst>(value);  // the CPU's truncation and saturation, spelled out
+  } else {
+    *p = static_cast<Dst>(value);
+  }
 }
 template <typename V>
 __device__ void store(float* p, V value) {
