@@ -191,7 +191,9 @@ TEST(NcclCommunicator, TreeReduceKernelMatchesCpuTreeReduceBitForBit) {
   REQUIRE_CUDA_DEVICES(1);
   const int64_t count = 1031;  // several blocks, ragged last one
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i32, DType::i64}) {
-    for (ReduceOp op : ops_for(dtype)) {
+    std::vector<ReduceOp> ops = ops_for(dtype);
+    ops.push_back(ReduceOp::rounded_sum);  // the kernel has it; NCCL's own mode does not
+    for (ReduceOp op : ops) {
       for (int n = 1; n <= 8; ++n) {
         std::vector<Bytes> rows;
         for (int k = 0; k < n; ++k) {
@@ -203,6 +205,34 @@ TEST(NcclCommunicator, TreeReduceKernelMatchesCpuTreeReduceBitForBit) {
         EXPECT_EQ(first_difference(got, expected, dtype), -1)
             << dtype_name(dtype) << " " << reduce_op_name(op) << " over " << n << " rows";
       }
+    }
+  }
+}
+
+// NCCL's own mode takes avg as its sum divided afterwards: the division kernel gives what
+// the CPU gives, the quotient in f32 rounded once for bf16 and f16.
+TEST(NcclCommunicator, DivisionKernelMatchesTheCpusQuotient) {
+  REQUIRE_CUDA_DEVICES(1);
+  const int64_t count = 1031;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int divisor : {3, 6, 7}) {
+      const Bytes values = irregular(dtype, count, static_cast<uint32_t>(divisor));
+      std::vector<double> wide(static_cast<size_t>(count));
+      Bytes expected(values.size());
+      if (dtype == DType::f64) {
+        convert_elements(values.data(), dtype, wide.data(), DType::f64, count);
+        for (double& v : wide) v /= divisor;
+        convert_elements(wide.data(), DType::f64, expected.data(), dtype, count);
+      } else {
+        std::vector<float> narrow(static_cast<size_t>(count));
+        convert_elements(values.data(), dtype, narrow.data(), DType::f32, count);
+        for (float& v : narrow) v /= static_cast<float>(divisor);
+        convert_elements(narrow.data(), DType::f32, expected.data(), dtype, count);
+      }
+      Tensor device = upload(values, dtype, 0);
+      cuda::divide_elements(device_data(device), count, dtype, divisor, nullptr);
+      expect_cuda(cudaDeviceSynchronize(), "the division kernel");
+      EXPECT_EQ(first_difference(download(device), expected, dtype), -1) << dtype_name(dtype) << " / " << divisor;
     }
   }
 }

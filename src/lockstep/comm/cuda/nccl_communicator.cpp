@@ -213,9 +213,12 @@ void NcclCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc&
     deterministic_all_reduce(tensor, desc, what);
   } else {
     char* data = nccl::device_pointer(tensor);
+    // avg: NCCL sums, then the quotient is taken once (ncclAvg's rounded 1/n biases bf16).
+    const ReduceOp op = desc.op == ReduceOp::avg ? ReduceOp::sum : desc.op;
     s.world->check(ncclAllReduce(data, data, static_cast<size_t>(desc.count), nccl::nccl_dtype(desc.dtype),
-                                 nccl::nccl_op(desc.op), s.world->get(), s.collectives.get()),
+                                 nccl::nccl_op(op), s.world->get(), s.collectives.get()),
                    "ncclAllReduce", what, timeout());
+    if (desc.op == ReduceOp::avg) cuda::divide_elements(data, desc.count, desc.dtype, size(), s.collectives.get());
   }
   s.world->wait(s.collectives.get(), what, timeout());
 }
@@ -284,9 +287,11 @@ void NcclCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& outp
       nccl::copy_async(copy, in, input.nbytes(), cudaMemcpyDeviceToDevice, s.collectives.get());
       in = copy;
     }
+    const ReduceOp op = desc.op == ReduceOp::avg ? ReduceOp::sum : desc.op;  // as in all_reduce
     s.world->check(ncclReduceScatter(in, out, static_cast<size_t>(desc.count), nccl::nccl_dtype(desc.dtype),
-                                     nccl::nccl_op(desc.op), s.world->get(), s.collectives.get()),
+                                     nccl::nccl_op(op), s.world->get(), s.collectives.get()),
                    "ncclReduceScatter", what, timeout());
+    if (desc.op == ReduceOp::avg) cuda::divide_elements(out, desc.count, desc.dtype, size(), s.collectives.get());
   }
   s.world->wait(s.collectives.get(), what, timeout());
 }

@@ -142,7 +142,47 @@ void launch(const void* rows, int64_t row_stride, int n, void* out, int64_t coun
   }
 }
 
+// data[i] = data[i] / divisor in the accumulation type, rounded once to T.
+template <typename T>
+__global__ void divide_kernel(T* data, int64_t count, int divisor) {
+  using A = typename Accum<T>::type;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += step) {
+    data[i] = Accum<T>::store(Accum<T>::load(data[i]) / static_cast<A>(divisor));
+  }
+}
+
+template <typename T>
+void launch_divide(void* data, int64_t count, int divisor, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, int64_t{1} << 16));
+  divide_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(data), count, divisor);
+}
+
 }  // namespace
+
+void divide_elements(void* data, int64_t count, DType dtype, int divisor, CUstream_st* stream) {
+  if (count == 0) return;
+  switch (dtype) {
+    case DType::f32:
+      launch_divide<float>(data, count, divisor, stream);
+      break;
+    case DType::f64:
+      launch_divide<double>(data, count, divisor, stream);
+      break;
+    case DType::bf16:
+      launch_divide<Bf16>(data, count, divisor, stream);
+      break;
+    case DType::f16:
+      launch_divide<F16>(data, count, divisor, stream);
+      break;
+    default:
+      LOCKSTEP_FAIL() << "divide_elements: " << dtype_name(dtype) << " is not a floating dtype";
+  }
+  const cudaError_t launched = cudaGetLastError();
+  LOCKSTEP_CHECK(launched == cudaSuccess) << "divide_elements: launching the division of " << count << " "
+                                          << dtype_name(dtype) << " failed: " << cudaGetErrorString(launched);
+}
 
 void tree_reduce_rows(const void* rows, int64_t row_stride, int n, void* out, int64_t count, DType dtype, ReduceOp op,
                       CUstream_st* stream) {
