@@ -29,8 +29,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "lockstep/comm/job_secret.h"
@@ -46,6 +48,7 @@
 #include "tools/common/run_dir.h"
 #include "tools/run/hang_verdict.h"
 #include "tools/run/node_group.h"
+#include "tools/run/ramp.h"
 #include "tools/run/run_gpus.h"
 #include "tools/run/slurm_hostlist.h"
 #include "tools/run/worker_group.h"
@@ -107,7 +110,13 @@ std::map<std::string, std::string> torchrun_variables(const comm::LaunchInfo& in
       {"WORLD_SIZE", std::to_string(info.world_size)},
       {"LOCAL_RANK", std::to_string(info.local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(info.local_world_size)},
-      {"GROUP_RANK", std::to_string(info.rank / std::max(1, info.local_world_size))}};
+      {"GROUP_RANK", std::to_string(info.rank / std::max(1, info.local_world_size))},
+      // The rest of torchrun 1.13+'s own (Lightning and PyTorch's examples read them).
+      {"GROUP_WORLD_SIZE",
+       std::to_string((info.world_size + std::max(1, info.local_world_size) - 1) / std::max(1, info.local_world_size))},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", std::to_string(info.rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(info.world_size)}};
   if (!info.master_addr.empty()) vars["MASTER_ADDR"] = info.master_addr;
   if (info.master_port > 0) vars["MASTER_PORT"] = std::to_string(info.master_port);
   return vars;
@@ -123,9 +132,13 @@ int port_of_job(const std::string& job_id) {
 
 // Under mpirun or srun: this process is one rank already. The command runs in its place
 // with torchrun's variables, MASTER_ADDR and MASTER_PORT included (PyTorch's env:// needs
-// them): the given ones, else loopback for a job on one host or, under Slurm, the first host
-// of the step's nodes, and a port from the job id or --master-port.
-[[noreturn]] void exec_as_rank(comm::LaunchInfo info, const std::vector<std::string>& command, int master_port) {
+// them): --master-addr, else the environment's, else loopback for a job on one host or, under
+// Slurm, the first host of the step's nodes; and a port from --master-port or the job id.
+// mpirun's variables do not say where rank 0 runs across hosts, and asking its PMIx server
+// (here, or in a child) makes the command's own MPI_Init fail: the user names the host.
+[[noreturn]] void exec_as_rank(comm::LaunchInfo info, const std::vector<std::string>& command,
+                               const std::string& master_addr, int master_port) {
+  if (!master_addr.empty()) info.master_addr = master_addr;
   if (info.master_addr.empty()) {
     if (info.local_world_size == info.world_size) {
       info.master_addr = "127.0.0.1";
@@ -135,7 +148,7 @@ int port_of_job(const std::string& job_id) {
     } else if (info.rank == 0) {
       std::fprintf(stderr,
                    "lockstep run: mpirun does not say where rank 0 runs, so MASTER_ADDR is not set; for a "
-                   "PyTorch env:// job across hosts give it (mpirun -x MASTER_ADDR=<rank 0's host>)\n");
+                   "PyTorch env:// job across hosts give it (lockstep run --master-addr <rank 0's host>)\n");
     }
   }
   if (master_port > 0) info.master_port = master_port;
@@ -176,6 +189,7 @@ struct RunOptions {
   double grace_seconds = 5, hang_seconds = 0;
   std::string log_dir, master_addr = "127.0.0.1", run_id, hang_timeout;
   std::chrono::milliseconds join_timeout{std::chrono::minutes(5)};
+  double stop_after_seconds = 0;  // > 0: the ramp's clock stops the workers then, not a failure
   int first_rank() const { return static_cast<int>(node_rank * workers); }
   int world_size() const { return static_cast<int>(nodes * workers); }
 };
@@ -183,7 +197,9 @@ struct RunOptions {
 // How one attempt of the group ended.
 struct Attempt {
   bool failed = false;
-  int code = 0;  // the launcher's exit code if it ends here
+  int code = 0;                             // the launcher's exit code if it ends here
+  bool timed = false;                       // stopped after o.stop_after_seconds, no worker having failed
+  std::optional<double> gpu_utilization{};  // the mean over the workers' GPUs while they ran, percent
 };
 
 // Prints what failed: the rank (or the hang), where the ranks were, its last lines, its
@@ -237,12 +253,7 @@ std::vector<WorkerSpec> worker_specs(const RunOptions& o, int64_t attempt, int p
     info.master_addr = o.master_addr;
     info.master_port = port;
     spec.env = torchrun_variables(info);
-    // The rest of what torchrun 1.13+ gives each worker (Lightning and
-    // torch.distributed.is_torchelastic_launched() look for them).
-    spec.env["GROUP_WORLD_SIZE"] = std::to_string(o.nodes);
-    spec.env["ROLE_NAME"] = "default";
-    spec.env["ROLE_RANK"] = std::to_string(spec.rank);
-    spec.env["ROLE_WORLD_SIZE"] = std::to_string(o.world_size());
+    // torchelastic's (torch.distributed.is_torchelastic_launched() looks for them).
     spec.env["TORCHELASTIC_RUN_ID"] = o.run_id;
     spec.env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
     spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
@@ -275,7 +286,9 @@ Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& sec
   if (nodes != nullptr) nodes->join(attempt);
   WorkerGroup group(specs);
   const int workers = static_cast<int>(o.workers);
-  bool hung = false;
+  const auto started = std::chrono::steady_clock::now();
+  GpuUtilization utilization(assigned.indices);
+  bool hung = false, timed = false;
   std::string elsewhere;                                   // another node's failure
   std::vector<std::optional<comm::FlightReport>> reports;  // as the group was before it was stopped
   RunHooks hooks;
@@ -287,6 +300,9 @@ Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& sec
       std::fprintf(stderr, "lockstep run: %s\n", now.empty() ? "no rank has written a flight record" : now.c_str());
     }
     if (nodes != nullptr && !(elsewhere = nodes->check(attempt)).empty()) return true;
+    utilization.sample();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (o.stop_after_seconds > 0 && seconds >= o.stop_after_seconds) return timed = true;
     if (o.hang_seconds <= 0) return false;
     // Only ranks that keep a record can be judged: a job of other programs never hangs here.
     const int64_t progress = newest_progress_ms(read_flight_reports(flight_dir, o.first_rank(), workers));
@@ -316,13 +332,16 @@ Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& sec
     nodes->finish(attempt, false);
     return {.failed = true, .code = 1};
   }
+  if (timed && group.early_failures().empty()) {
+    return {.timed = true, .gpu_utilization = utilization.mean()};
+  }
   if (failure.rank < 0 && !hung) {
     // Every node's workers end this attempt: wait for the others, and learn how they ended.
     if (const std::string other = nodes != nullptr ? nodes->finish(attempt, true) : ""; !other.empty()) {
       std::fprintf(stderr, "lockstep run: %s\n", other.c_str());
       return {.failed = true, .code = 1};
     }
-    return {};
+    return {.gpu_utilization = utilization.mean()};
   }
   const WorkerExit blamed = cause_of(group.early_failures(), reports, failure, o.first_rank());
   const std::string verdict = hang_verdict(reports, hung ? -1 : blamed.rank, hung ? "" : blamed.describe(),
@@ -331,6 +350,77 @@ Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& sec
   if (nodes != nullptr) nodes->finish(attempt, false);
   // A hang ends with timeout(1)'s code.
   return {.failed = true, .code = hung ? 124 : blamed.signal != 0 ? 128 + blamed.signal : blamed.exit_code};
+}
+
+// The OpenMP threads each of `workers` workers gets: OMP_NUM_THREADS, else the cores shared.
+std::string threads_per_worker(int64_t workers) {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  return omp != nullptr ? omp : std::to_string(std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, workers)));
+}
+
+// What --ramp asks for.
+struct RampOptions {
+  std::vector<int> scales;
+  std::string metric;   // --ramp-metric, or ""
+  double seconds = -1;  // --ramp-seconds; < 0: not given
+};
+
+// --ramp: the command with each worker count in turn (ramp.h), each in a folder of its own
+// under the log folder; the table when every scale has run, or at the first that fails.
+int run_ramp(const RunOptions& o, const RampOptions& ramp, GpuAsk ask) {
+  std::error_code ignored;
+  const bool train = is_lockstep_train(o.command, fs::read_symlink("/proc/self/exe", ignored).string());
+  const std::string given_out = train ? out_dir_of(o.command) : "";
+  // lockstep train's figures and weights need its whole run; other programs get a minute.
+  const double seconds = ramp.seconds >= 0 ? ramp.seconds : train ? 0 : 60;
+  std::vector<RampScale> rows;
+  for (const int workers : ramp.scales) {
+    const std::string name = "workers-" + std::to_string(workers);
+    RunOptions scale = o;
+    scale.workers = workers;
+    scale.stop_after_seconds = seconds;
+    scale.log_dir = (fs::path(o.log_dir) / name).string();
+    fs::create_directories(scale.log_dir);
+    const std::string out = given_out.empty() ? scale.log_dir + "/out" : (fs::path(given_out) / name).string();
+    if (train) scale.command = with_out_dir(o.command, out);
+    std::fprintf(stderr, "lockstep run: ramp: %d worker%s", workers, workers == 1 ? "" : "s");
+    if (seconds > 0) std::fprintf(stderr, ", for %g s", seconds);
+    std::fprintf(stderr, "\n");
+    ask.workers = workers;
+    const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
+    if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
+    for (size_t r = 0; r < assigned.per_rank.size(); ++r)
+      std::fprintf(stderr, "lockstep run: rank %zu on %s\n", r, assigned.per_rank[r].c_str());
+    const Attempt outcome =
+        run_attempt(scale, 0, comm::make_job_secret(), threads_per_worker(workers), assigned, nullptr);
+    if (g_interrupted) return outcome.code;
+    RampScale row;
+    row.workers = workers;
+    row.failed = outcome.failed;
+    row.timed = outcome.timed;
+    if (train) {
+      read_train_figures(out, row);
+    } else if (!ramp.metric.empty()) {
+      std::ifstream log(fs::path(scale.log_dir) / "rank0.log");
+      const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      row.throughput = metric_in_output(text, ramp.metric);
+      row.source = row.throughput ? "rank 0's output (--ramp-metric)" : "--ramp-metric matched nothing rank 0 printed";
+    } else if (outcome.gpu_utilization) {
+      row.throughput = *outcome.gpu_utilization * workers;
+      row.source = "GPU utilization: mean percent x GPUs (no --ramp-metric)";
+    } else {
+      row.source = "no figure: give --ramp-metric (and no GPU utilization to read)";
+    }
+    rows.push_back(row);
+    if (row.failed) {
+      std::printf("%s", ramp_table(rows).c_str());
+      std::fprintf(stderr, "lockstep run: the ramp stopped at %d workers, which failed (above); logs: %s\n", workers,
+                   scale.log_dir.c_str());
+      return outcome.code;
+    }
+  }
+  std::printf("%s", ramp_table(rows).c_str());
+  return first_scale_with_other_weights(rows) >= 0 ? 1 : 0;
 }
 
 // The command must be there to run, on PATH or as a path.
@@ -386,7 +476,8 @@ int run_main(const std::vector<std::string>& args) {
     if (!help && args[i].find('=') == std::string::npos && i + 1 < args.size()) options.push_back(args[++i]);
   }
   double wait_seconds = -1;
-  std::string gpus, min_free_memory = "0", join_timeout;
+  std::string gpus, min_free_memory = "0", join_timeout, ramp_list;
+  RampOptions ramp;
   Flags flags("lockstep run",
               "Starts one process per device, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
               "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS, TORCHELASTIC_*):\n"
@@ -402,7 +493,9 @@ int run_main(const std::vector<std::string>& args) {
   flags.add("hang-timeout", &o.hang_timeout,
             "stop the group, naming the rank that holds it back, when no Lockstep rank has made progress\n"
             "for this long, like 5m (default: never; a collective's own timeout still ends a hang)");
-  flags.add("master-addr", &o.master_addr, "the address rank 0 serves the rendezvous on (node 0's, with --nnodes)");
+  flags.add("master-addr", &o.master_addr,
+            "the address rank 0 serves the rendezvous on (node 0's, with --nnodes; rank 0's host, under\n"
+            "mpirun across hosts)");
   flags.add("master-port", &o.master_port,
             "the rendezvous port (default: a free one, fresh for every start; 29500 with --nnodes, whose\n"
             "launchers meet at the port after it)");
@@ -413,6 +506,15 @@ int run_main(const std::vector<std::string>& args) {
             "host has a GPU per worker and CUDA_VISIBLE_DEVICES is unset");
   flags.add("min-free-memory", &min_free_memory, "wait until each GPU has this much free, like 10G");
   flags.add("wait", &wait_seconds, "give up waiting for free GPUs after this many seconds (default: wait)");
+  flags.add("ramp", &ramp_list,
+            "start small, then scale: run the command with each of these worker counts in turn, like\n"
+            "1,2,4, stop at the first that fails, and print throughput, speed-up and scaling efficiency");
+  flags.add("ramp-seconds", &ramp.seconds,
+            "with --ramp: stop each scale after this many seconds (default 60; lockstep train runs to\n"
+            "its end, for its figures and weights)");
+  flags.add("ramp-metric", &ramp.metric,
+            "with --ramp: a regex with one group around the throughput rank 0 prints, like\n"
+            "'samples/s=([0-9.]+)' (the mean of its matches after the first); without it: GPU utilization");
   if (!flags.parse(options)) return 0;
   if (o.command.empty()) throw UsageError("no command to run: lockstep run -n N -- CMD ARGS...");
   if (o.grace_seconds < 0) throw UsageError("--grace must be 0 or more seconds");
@@ -423,8 +525,22 @@ int run_main(const std::vector<std::string>& args) {
         std::chrono::milliseconds(static_cast<int64_t>(parse_duration("--join-timeout", join_timeout) * 1e3));
   }
 
+  const bool ramping = flags.given("ramp");
+  if (ramping) {
+    ramp.scales = parse_ramp(ramp_list);
+    if (flags.given("nproc")) throw UsageError("--ramp " + ramp_list + " gives the worker counts: leave -n out");
+    if (flags.given("nnodes")) throw UsageError("--ramp runs on one node: leave --nnodes out");
+    if (!ramp.metric.empty()) metric_in_output("", ramp.metric);  // a bad pattern is refused now
+    if (ramp.seconds < 0 && flags.given("ramp-seconds"))
+      throw UsageError("--ramp-seconds must be 0 (each scale runs until the command ends) or more");
+    o.workers = ramp.scales.back();
+  } else if (flags.given("ramp-seconds") || flags.given("ramp-metric")) {
+    throw UsageError("--ramp-seconds and --ramp-metric go with --ramp COUNTS, like --ramp 1,2,4");
+  }
+
   const comm::LaunchInfo launched = comm::launch_info_from_env();
   if (launched.launcher == "openmpi" || launched.launcher == "slurm") {
+    if (ramping) throw UsageError("--ramp starts its own workers: run it outside " + launched.launcher);
     if (flags.given("nproc") && o.workers != launched.world_size) {
       throw UsageError("-n " + std::to_string(o.workers) + " under " + launched.launcher + ", which started " +
                        std::to_string(launched.world_size) + " processes: leave -n out there");
@@ -432,10 +548,10 @@ int run_main(const std::vector<std::string>& args) {
     if (flags.given("master-port") && (o.master_port < 1 || o.master_port > 65535)) {
       throw UsageError("--master-port must be a port number from 1 to 65535, got " + std::to_string(o.master_port));
     }
-    exec_as_rank(launched, o.command, static_cast<int>(o.master_port));
+    exec_as_rank(launched, o.command, flags.given("master-addr") ? o.master_addr : "", static_cast<int>(o.master_port));
   }
   check_runnable(o.command[0]);
-  if (!flags.given("nproc") && !gpus.empty() && gpus != "auto")
+  if (!flags.given("nproc") && !ramping && !gpus.empty() && gpus != "auto")
     o.workers = static_cast<int64_t>(gpu::parse_gpu_list(gpus).size());
   // A worker holds pipes and a process: more than a host's fd and process limits allow is
   // a typo, not a job.
@@ -485,9 +601,7 @@ int run_main(const std::vector<std::string>& args) {
   std::error_code log_dir_error;
   fs::create_directories(o.log_dir, log_dir_error);
   if (log_dir_error) throw Error("--log-dir " + o.log_dir + ": cannot create it: " + log_dir_error.message());
-  const char* omp = std::getenv("OMP_NUM_THREADS");
-  const std::string threads =
-      omp != nullptr ? omp : std::to_string(std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, o.workers)));
+  const std::string threads = threads_per_worker(o.workers);
 
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -499,6 +613,7 @@ int run_main(const std::vector<std::string>& args) {
   action.sa_handler = on_verdict_signal;
   sigaction(SIGUSR2, &action, nullptr);
 
+  if (ramping) return run_ramp(o, ramp, ask);
   const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
   if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
   for (size_t r = 0; r < assigned.per_rank.size(); ++r) {

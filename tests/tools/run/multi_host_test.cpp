@@ -2,7 +2,8 @@
 // namespaces joined by a shaped bridge), their ranks talking over TCP as on a cluster.
 // `lockstep train` gives one device's weights across hosts under ddp (all-reduced by host:
 // shared memory within, MPI across; and flat; with f32 and bf16 gradients), zero1 and the GPT
-// mesh, and a rank killed on one host ends the job on both, named.
+// mesh, and a rank killed on one host ends the job on both, named. A PyTorch script runs
+// across them under `lockstep run`: under mpirun, and as torchrun's multi-node form.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -161,6 +162,24 @@ TEST_F(MultiNodeRun, APyTorchDdpScriptRunsAcrossTwoNodes) {
       EXPECT_EQ(mine, weights) << "rank " << rank;
     }
   }
+}
+
+// Under mpirun across hosts the ranks exist already; `lockstep run --master-addr` names rank
+// 0's host, and the PyTorch script's env:// group meets there: its 4 ranks agree.
+TEST_F(MultiNodeRun, UnderMpirunAPyTorchScriptMeetsAtTheGivenMasterAddr) {
+  // gloo's interface is the host's own one (the test hosts' names do not resolve).
+  const std::string command = "sh -c 'GLOO_SOCKET_IFNAME=$(ls /sys/class/net | grep -vx lo) exec " + script_ + "'";
+  const Result r =
+      run_shell(hosts_->mpirun(2, 2) + kBinary + " run --master-addr " + hosts_->address(0) + " -- " + command);
+  if (r.output.find("SKIP") != std::string::npos) GTEST_SKIP() << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> weights;
+  for (size_t at = r.output.find("weights "); at != std::string::npos; at = r.output.find("weights ", at + 1))
+    weights.push_back(r.output.substr(at, r.output.find('\n', at) - at));
+  ASSERT_EQ(weights.size(), 4u) << r.output;
+  for (const std::string& w : weights) EXPECT_EQ(w, weights[0]) << r.output;
+  // Not torchelastic's launch, but torchrun's node group: rank 2 is node 1's first.
+  EXPECT_NE(r.output.find("elastic False group 1 of 2"), std::string::npos) << r.output;
 }
 
 // Rank 3 (on node 1) raises: node 1's launcher shows its Python error from torchrun's
