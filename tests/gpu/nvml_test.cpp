@@ -21,8 +21,8 @@ using lockstep::testing::ScopedEnv;
 using lockstep::testing::StandinEnv;
 using nlohmann::json;
 
-const char* const kProfiles[] = {"a100-8x-nvlink.json", "h100-8x.json",    "t4-4x-pcie.json",  "shared-server.json",
-                                 "ecc-throttle.json",   "old-driver.json", "failing-call.json"};
+const char* const kProfiles[] = {"a100-8x-nvlink.json", "h100-8x.json",    "t4-4x-pcie.json",   "shared-server.json",
+                                 "ecc-throttle.json",   "old-driver.json", "failing-call.json", "t4-4x-busy.json"};
 
 json read_profile(const std::string& name) {
   std::ifstream file(lockstep::testing::standin_profile_path(name));

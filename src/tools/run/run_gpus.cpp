@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <utility>
 
 #include "lockstep/core/error.h"
 #include "lockstep/gpu/device_order.h"
@@ -21,6 +22,7 @@ using Clock = std::chrono::steady_clock;
 
 GpuAssignment assignment(const gpu::GpuState& state, const std::vector<unsigned>& chosen) {
   GpuAssignment a;
+  a.indices = chosen;
   for (unsigned index : chosen) {
     const gpu::GpuDevice& d = state.devices[index];
     // UUIDs name the same GPU whatever CUDA_DEVICE_ORDER says; the list's order is the
@@ -99,6 +101,31 @@ GpuAssignment assign_gpus(const GpuAsk& ask, const volatile bool& interrupted) {
     }
     state = nvml.read({.processes = true, .topology = false});
   }
+}
+
+GpuUtilization::GpuUtilization(std::vector<unsigned> indices) : indices_(std::move(indices)) {
+  if (!indices_.empty()) nvml_ = std::make_unique<gpu::Nvml>();
+}
+
+void GpuUtilization::sample() {
+  if (!nvml_ || !nvml_->loaded()) return;
+  gpu::GpuState state;
+  try {
+    state = nvml_->read({.processes = false, .topology = false});
+  } catch (const Error&) {
+    return;  // a reading that failed is left out: the figure is the mean of those that worked
+  }
+  for (unsigned index : indices_) {
+    for (const gpu::GpuDevice& d : state.devices) {
+      if (d.index != index || !d.utilization_gpu) continue;
+      sum_ += *d.utilization_gpu;
+      ++count_;
+    }
+  }
+}
+
+std::optional<double> GpuUtilization::mean() const {
+  return count_ > 0 ? std::optional<double>(sum_ / static_cast<double>(count_)) : std::nullopt;
 }
 
 }  // namespace lockstep::tools
