@@ -190,6 +190,7 @@ struct RunOptions {
   std::string log_dir, master_addr = "127.0.0.1", run_id, hang_timeout;
   std::chrono::milliseconds join_timeout{std::chrono::minutes(5)};
   double stop_after_seconds = 0;  // > 0: the ramp's clock stops the workers then, not a failure
+  bool sample_gpus = false;       // the ramp's figure when the program prints none
   int first_rank() const { return static_cast<int>(node_rank * workers); }
   int world_size() const { return static_cast<int>(nodes * workers); }
 };
@@ -287,7 +288,7 @@ Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& sec
   WorkerGroup group(specs);
   const int workers = static_cast<int>(o.workers);
   const auto started = std::chrono::steady_clock::now();
-  GpuUtilization utilization(assigned.indices);
+  GpuUtilization utilization(o.sample_gpus ? assigned.indices : std::vector<unsigned>{});
   bool hung = false, timed = false;
   std::string elsewhere;                                   // another node's failure
   std::vector<std::optional<comm::FlightReport>> reports;  // as the group was before it was stopped
@@ -358,6 +359,15 @@ std::string threads_per_worker(int64_t workers) {
   return omp != nullptr ? omp : std::to_string(std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, workers)));
 }
 
+// The workers' GPUs (run_gpus.h), each rank's printed from `first_rank` on.
+GpuAssignment assign_and_show_gpus(const GpuAsk& ask, int first_rank) {
+  GpuAssignment assigned = assign_gpus(ask, g_interrupted);
+  if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
+  for (size_t r = 0; r < assigned.per_rank.size(); ++r)
+    std::fprintf(stderr, "lockstep run: rank %zu on %s\n", first_rank + r, assigned.per_rank[r].c_str());
+  return assigned;
+}
+
 // What --ramp asks for.
 struct RampOptions {
   std::vector<int> scales;
@@ -379,6 +389,7 @@ int run_ramp(const RunOptions& o, const RampOptions& ramp, GpuAsk ask) {
     RunOptions scale = o;
     scale.workers = workers;
     scale.stop_after_seconds = seconds;
+    scale.sample_gpus = !train && ramp.metric.empty();
     scale.log_dir = (fs::path(o.log_dir) / name).string();
     fs::create_directories(scale.log_dir);
     const std::string out = given_out.empty() ? scale.log_dir + "/out" : (fs::path(given_out) / name).string();
@@ -387,10 +398,7 @@ int run_ramp(const RunOptions& o, const RampOptions& ramp, GpuAsk ask) {
     if (seconds > 0) std::fprintf(stderr, ", for %g s", seconds);
     std::fprintf(stderr, "\n");
     ask.workers = workers;
-    const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
-    if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
-    for (size_t r = 0; r < assigned.per_rank.size(); ++r)
-      std::fprintf(stderr, "lockstep run: rank %zu on %s\n", r, assigned.per_rank[r].c_str());
+    const GpuAssignment assigned = assign_and_show_gpus(ask, 0);
     const Attempt outcome =
         run_attempt(scale, 0, comm::make_job_secret(), threads_per_worker(workers), assigned, nullptr);
     if (g_interrupted) return outcome.code;
@@ -614,11 +622,7 @@ int run_main(const std::vector<std::string>& args) {
   sigaction(SIGUSR2, &action, nullptr);
 
   if (ramping) return run_ramp(o, ramp, ask);
-  const GpuAssignment assigned = assign_gpus(ask, g_interrupted);
-  if (!assigned.notice.empty()) std::fprintf(stderr, "lockstep run: %s\n", assigned.notice.c_str());
-  for (size_t r = 0; r < assigned.per_rank.size(); ++r) {
-    std::fprintf(stderr, "lockstep run: rank %zu on %s\n", o.first_rank() + r, assigned.per_rank[r].c_str());
-  }
+  const GpuAssignment assigned = assign_and_show_gpus(ask, o.first_rank());
 
   // The job's secret (comm/job_secret.h): only its own workers can use its rendezvous. One
   // given in the environment is kept; the nodes of a job started by hand derive the same one
