@@ -13,6 +13,20 @@ namespace lockstep::tools {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A program's throughput from its readings: the first holds warm-up, so the mean of the rest,
+// or the only one.
+std::optional<double> mean_after_first(const std::vector<double>& values) {
+  if (values.empty()) return std::nullopt;
+  if (values.size() == 1) return values[0];
+  double sum = 0;
+  for (size_t i = 1; i < values.size(); ++i) sum += values[i];
+  return sum / static_cast<double>(values.size() - 1);
+}
+
+}  // namespace
+
 std::vector<int> parse_ramp(const std::string& text) {
   const std::string usage = "--ramp takes rising worker counts, like 1,2,4; got '" + text + "'";
   std::vector<int> scales;
@@ -50,11 +64,7 @@ std::optional<double> metric_in_output(const std::string& output, const std::str
       // a match whose group is not a number says nothing
     }
   }
-  if (values.empty()) return std::nullopt;
-  if (values.size() == 1) return values[0];
-  double sum = 0;
-  for (size_t i = 1; i < values.size(); ++i) sum += values[i];
-  return sum / static_cast<double>(values.size() - 1);
+  return mean_after_first(values);
 }
 
 void read_train_figures(const std::string& out_dir, RampScale& scale) {
@@ -76,9 +86,7 @@ void read_train_figures(const std::string& out_dir, RampScale& scale) {
       values.push_back(step["samples_per_second"].get<double>());
   }
   if (values.empty()) return;
-  double sum = 0;
-  for (size_t i = values.size() > 1 ? 1 : 0; i < values.size(); ++i) sum += values[i];
-  scale.throughput = sum / static_cast<double>(values.size() > 1 ? values.size() - 1 : 1);
+  scale.throughput = mean_after_first(values);
   scale.source = "metrics.jsonl samples_per_second";
 }
 
