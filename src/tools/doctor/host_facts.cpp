@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tools/common/path_lookup.h"
+
 namespace lockstep::tools {
 namespace {
 
@@ -47,19 +49,6 @@ std::string module_version(const std::string& text) {
   std::string word;
   while (words >> word) {
     if (std::isdigit(static_cast<unsigned char>(word[0])) && word.find('.') != std::string::npos) return word;
-  }
-  return "";
-}
-
-std::string find_on_path(const std::string& path_env, const std::string& program) {
-  for (size_t start = 0; start <= path_env.size();) {
-    const size_t end = std::min(path_env.find(':', start), path_env.size());
-    const std::string dir = path_env.substr(start, end - start);
-    start = end + 1;
-    if (dir.empty()) continue;
-    const fs::path candidate = fs::path(dir) / program;
-    std::error_code error;
-    if (access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate, error)) return candidate.string();
   }
   return "";
 }

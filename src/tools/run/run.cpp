@@ -45,6 +45,7 @@
 #include "tools/common/duration.h"
 #include "tools/common/error_file.h"
 #include "tools/common/flags.h"
+#include "tools/common/path_lookup.h"
 #include "tools/common/run_dir.h"
 #include "tools/run/hang_verdict.h"
 #include "tools/run/node_group.h"
@@ -433,20 +434,9 @@ int run_ramp(const RunOptions& o, const RampOptions& ramp, GpuAsk ask) {
 
 // The command must be there to run, on PATH or as a path.
 void check_runnable(const std::string& program) {
-  if (program.find('/') != std::string::npos) {
-    if (access(program.c_str(), X_OK) != 0 || fs::is_directory(program)) {
-      throw UsageError("cannot run '" + program + "': no such executable file");
-    }
-    return;
-  }
   const char* path = std::getenv("PATH");
-  const std::string dirs = path != nullptr ? path : "";
-  for (size_t start = 0; start <= dirs.size();) {
-    const size_t end = std::min(dirs.find(':', start), dirs.size());
-    const fs::path candidate = fs::path(dirs.substr(start, end - start)) / program;
-    if (access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate)) return;
-    start = end + 1;
-  }
+  if (!find_on_path(path != nullptr ? path : "", program).empty()) return;
+  if (program.find('/') != std::string::npos) throw UsageError("cannot run '" + program + "': no such executable file");
   throw UsageError("cannot find '" + program + "' on PATH");
 }
 
