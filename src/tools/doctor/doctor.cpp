@@ -1,6 +1,7 @@
 // `lockstep doctor`: is this machine ready to train? Reads the GPUs through NVML, the host's
 // facts and the environment, runs the rules of doctor_checks.h, and prints one line per
 // check (the fix below each WARN and FAIL) or, with --json, an object for machines.
+// With `-- CMD` it checks the Python interpreter CMD runs and its environment variables.
 // Exit code: 0 all pass, 1 warnings, 2 failures.
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/core/error.h"
@@ -15,9 +17,11 @@
 #include "lockstep/gpu/gpu_leases.h"
 #include "lockstep/gpu/nvml.h"
 #include "tools/common/commands.h"
+#include "tools/common/duration.h"
 #include "tools/common/flags.h"
 #include "tools/doctor/doctor_checks.h"
 #include "tools/doctor/host_facts.h"
+#include "tools/doctor/python_stack.h"
 
 namespace lockstep::tools {
 namespace {
@@ -25,6 +29,89 @@ namespace {
 std::optional<std::string> env(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr ? std::optional<std::string>(value) : std::nullopt;
+}
+
+nlohmann::json python_json(const std::vector<PythonFacts>& pythons) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PythonFacts& p : pythons) {
+    nlohmann::json frameworks = nlohmann::json::array();
+    for (const FrameworkFacts& f : p.frameworks) {
+      nlohmann::json loaded = nlohmann::json::array();
+      for (const LoadedNccl& library : f.loaded_nccl) {
+        loaded.push_back({{"path", library.path}, {"version", library.version}});
+      }
+      frameworks.push_back({{"name", f.name},
+                            {"installed", f.installed},
+                            {"version", f.version},
+                            {"location", f.location},
+                            {"import_error", f.import_error},
+                            {"cuda", f.cuda},
+                            {"rocm", f.rocm},
+                            {"cudnn", f.cudnn},
+                            {"cudnn_error", f.cudnn_error},
+                            {"nccl", f.nccl},
+                            {"nccl_error", f.nccl_error},
+                            {"gpu_usable", f.gpu_usable ? nlohmann::json(*f.gpu_usable) : nlohmann::json()},
+                            {"gpu_count", f.gpu_count},
+                            {"warnings", f.warnings},
+                            {"loaded_nccl", loaded},
+                            {"wheels", f.wheels}});
+    }
+    out.push_back({{"interpreter", p.interpreter},
+                   {"origin", p.origin},
+                   {"probe_error", p.probe_error},
+                   {"version", p.version},
+                   {"prefix", p.prefix},
+                   {"environment", p.environment},
+                   {"externally_managed", p.externally_managed},
+                   {"frameworks", frameworks}});
+  }
+  return out;
+}
+
+// The command's own `env [-u NAME] NAME=VALUE …` words.
+struct EnvWords {
+  std::map<std::string, std::string> assigned;
+  std::vector<std::string> unset;
+};
+
+EnvWords command_env_words(const std::vector<std::string>& command) {
+  EnvWords words;
+  if (command.empty() || command[0].substr(command[0].rfind('/') + 1) != "env") return words;
+  for (size_t i = 1; i < command.size(); ++i) {
+    const std::string& word = command[i];
+    if ((word == "-u" || word == "--unset") && i + 1 < command.size()) {
+      words.unset.push_back(command[++i]);
+      continue;
+    }
+    if (word == "-C" || word == "--chdir") {
+      ++i;
+      continue;
+    }
+    if (word.empty() || word[0] == '-') continue;
+    const size_t equals = word.find('=');
+    if (equals == std::string::npos || equals == 0) break;
+    words.assigned[word.substr(0, equals)] = word.substr(equals + 1);
+  }
+  return words;
+}
+
+// doctor's environment as the command's `env` words change it.
+std::map<std::string, std::string> job_variables(const EnvWords& words) {
+  std::map<std::string, std::string> vars;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const size_t equals = text.find('=');
+    if (equals != std::string::npos) vars[text.substr(0, equals)] = text.substr(equals + 1);
+  }
+  for (const std::string& name : words.unset) vars.erase(name);
+  for (const auto& [name, value] : words.assigned) vars[name] = value;
+  return vars;
+}
+
+std::optional<std::string> lookup(const std::map<std::string, std::string>& vars, const std::string& name) {
+  const auto it = vars.find(name);
+  return it != vars.end() ? std::optional<std::string>(it->second) : std::nullopt;
 }
 
 nlohmann::json facts_json(const DoctorInput& in) {
@@ -61,7 +148,7 @@ nlohmann::json facts_json(const DoctorInput& in) {
   nlohmann::json build = {{"cuda_runtime", gpu::cuda_version_string(in.build.cuda_runtime_version)},
                           {"nccl", gpu::nccl_version_string(in.build.nccl_version)},
                           {"mpi_backend", in.build.mpi}};
-  return {{"gpus", gpus}, {"host", host}, {"build", build}};
+  return {{"gpus", gpus}, {"host", host}, {"build", build}, {"python", python_json(in.pythons)}};
 }
 
 std::string lowercase(const char* text) {
@@ -90,13 +177,34 @@ void print_report(const std::vector<Check>& checks) {
 }  // namespace
 
 int doctor_main(const std::vector<std::string>& args) {
-  bool json = false;
+  // Options, then the job to check after "--".
+  const auto dashes = std::find(args.begin(), args.end(), "--");
+  const std::vector<std::string> options(args.begin(), dashes);
+  std::vector<std::string> command;
+  if (dashes != args.end()) command.assign(dashes + 1, args.end());
+
+  bool json = false, no_python = false;
+  // Importing TensorFlow from a cold disk takes seconds; an import that takes this long hangs.
+  std::string python, python_timeout = "30s";
   Flags flags("lockstep doctor",
               "Checks whether this machine is ready to train: the GPUs and their driver, CUDA and NCCL versions,\n"
               "CUDA_VISIBLE_DEVICES, other users' processes, GPU health, topology, /dev/shm, locked memory, cores,\n"
-              "NUMA and MPI. Exit code 0: all pass; 1: warnings; 2: failures.");
+              "NUMA, MPI, and the Python stack that will run the job: torch, tensorflow and jax in python3 on PATH\n"
+              "and the active virtualenv or conda environment, their CUDA, cuDNN and NCCL against the driver.\n"
+              "`lockstep doctor [options] -- CMD ...` checks the interpreter CMD runs and the environment variables\n"
+              "that change how it uses the GPUs. Exit code 0: all pass; 1: warnings; 2: failures.");
   flags.add_switch("json", &json, "print one JSON object (the checks and the facts) instead of the report");
-  if (!flags.parse(args)) return 0;
+  flags.add("python", &python, "check this Python interpreter (a path, or a name on PATH) instead of the ones found");
+  flags.add("python-timeout", &python_timeout, "how long each interpreter may take to import a framework");
+  flags.add_switch("no-python", &no_python,
+                   "skip the Python checks (each interpreter takes seconds to import its frameworks)");
+  if (!flags.parse(options)) return 0;
+  const auto probe_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(parse_duration("--python-timeout", python_timeout) * 1000));
+  if (dashes != args.end() && command.empty())
+    throw UsageError("nothing after '--': name the job to check, e.g. -- python3 train.py");
+  if (no_python && !python.empty())
+    throw UsageError("--no-python skips the interpreter --python names: give one or the other");
 
   DoctorInput in;
   {
@@ -118,6 +226,25 @@ int doctor_main(const std::vector<std::string>& args) {
   in.env.shm_staging_bytes = env("LOCKSTEP_SHM_STAGING_BYTES");
   in.env.uid = getuid();
   in.build = gpu::build_info();
+  PythonSources sources;
+  sources.path_env = probe.path_env;
+  sources.virtual_env = env("VIRTUAL_ENV").value_or("");
+  sources.conda_prefix = env("CONDA_PREFIX").value_or("");
+  if (!python.empty()) sources.explicit_pythons.push_back(python);
+  sources.command = command;
+  const EnvWords env_words = command_env_words(command);
+  if (!command.empty()) {
+    in.job = JobCommand{command, "", job_variables(env_words)};
+    command_interpreter(command, sources.path_env, &in.job->interpreter_why);
+    // The GPUs the command will see are the ones its own environment names.
+    in.env.cuda_visible_devices = lookup(in.job->variables, "CUDA_VISIBLE_DEVICES");
+    in.env.cuda_device_order = lookup(in.job->variables, "CUDA_DEVICE_ORDER");
+  }
+  if (!no_python) {
+    for (const PythonCandidate& candidate : python_candidates(sources)) {
+      in.pythons.push_back(probe_python(candidate, probe_timeout, env_words.assigned));
+    }
+  }
 
   const std::vector<Check> checks = run_checks(in);
   const int code = exit_code(checks);

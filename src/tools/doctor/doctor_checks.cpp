@@ -36,6 +36,12 @@ std::string minimum_driver_for_cuda_major(int major) {
   }
 }
 
+CudaSupport cuda_support(int driver_cuda, int built_for) {
+  if (driver_cuda >= built_for) return CudaSupport::kFull;
+  if (driver_cuda / 1000 == built_for / 1000) return CudaSupport::kMinorVersionCompatibility;
+  return CudaSupport::kNeedsNewerDriver;
+}
+
 std::vector<Check> run_checks(const DoctorInput& in) {
   std::vector<Check> checks = {check_nvml(in), check_gpus_seen(in), check_driver_vs_cuda_runtime(in),
                                check_driver_vs_nccl(in)};
@@ -46,6 +52,8 @@ std::vector<Check> run_checks(const DoctorInput& in) {
     }
   }
   for (auto rule : {check_shm, check_memlock, check_cores, check_mpi}) checks.push_back(rule(in));
+  for (Check& check : check_python_stack(in)) checks.push_back(std::move(check));
+  if (in.job) checks.push_back(check_job_environment(in));
   return checks;
 }
 

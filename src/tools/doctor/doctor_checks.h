@@ -14,6 +14,7 @@
 #include "lockstep/gpu/gpu_state.h"
 #include "tools/common/byte_size.h"
 #include "tools/doctor/host_facts.h"
+#include "tools/doctor/python_stack.h"
 
 namespace lockstep::tools {
 
@@ -37,6 +38,15 @@ struct DoctorEnv {
   uid_t uid = 0;                                 // whose processes are "ours"
 };
 
+// `lockstep doctor -- CMD`: the job it was asked about.
+struct JobCommand {
+  std::vector<std::string> command;
+  std::string interpreter_why;  // how its interpreter was found, or why none was
+  // Every variable of doctor's environment and the command's own `env NAME=VALUE` words
+  // (these win), by name.
+  std::map<std::string, std::string> variables;
+};
+
 struct DoctorInput {
   gpu::GpuState gpus;
   // The GPUs `lockstep run` jobs lease (gpu/gpu_leases.h): NVML index -> what holds the lease.
@@ -46,6 +56,9 @@ struct DoctorInput {
   HostFacts host;
   DoctorEnv env;
   gpu::BuildInfo build;
+  // The Python interpreters that will run the job, probed (empty with --no-python).
+  std::vector<PythonFacts> pythons;
+  std::optional<JobCommand> job;
 };
 
 // The rules, in the order the report lists them.
@@ -67,10 +80,23 @@ Check check_memlock(const DoctorInput& in);
 Check check_cores(const DoctorInput& in);
 Check check_mpi(const DoctorInput& in);
 
+// The user's Python stack: per interpreter one `python` check, then one per installed
+// framework (doctor_python_checks.cpp).
+std::vector<Check> check_python_stack(const DoctorInput& in);
+// With a command: the variables that change how its framework uses the GPUs, and what each does.
+Check check_job_environment(const DoctorInput& in);
+
 // Every rule that applies: the GPU rules only when NVML answered.
 std::vector<Check> run_checks(const DoctorInput& in);
 // 0 when every check passes (INFO included), 1 with a warning, 2 with a failure.
 int exit_code(const std::vector<Check>& checks);
+
+// How a driver for CUDA `driver_cuda` runs code built for CUDA `built_for` (1000 * major +
+// 10 * minor), by CUDA's rules: a driver runs every runtime up to its own version;
+// minor-version compatibility runs newer minors of the same major (no PTX JIT, no new
+// features); an older major cannot run it at all.
+enum class CudaSupport { kFull, kMinorVersionCompatibility, kNeedsNewerDriver };
+CudaSupport cuda_support(int driver_cuda, int built_for);
 
 // The oldest Linux driver that runs any CUDA `major`.x under minor-version compatibility
 // ("525.60.13" for 12); empty for a major the table does not know.

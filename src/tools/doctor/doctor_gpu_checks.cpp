@@ -20,18 +20,17 @@ std::string join(const std::vector<std::string>& parts, const std::string& separ
 
 std::string plural(size_t n, const std::string& word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
 
-// The driver's CUDA version against one a component was built for, by CUDA's rules: a
-// driver runs every runtime up to its own version; minor-version compatibility runs newer
-// minors of the same major; an older major cannot run it at all.
+// The driver's CUDA version against one a component was built for (cuda_support).
 Check compare_cuda(const std::string& name, const std::string& what, int built_for, const gpu::GpuState& gpus) {
   Check c{name, Status::kPass, "", "", {}};
   const std::string need = gpu::cuda_version_string(built_for);
   const std::string have = gpu::cuda_version_string(gpus.cuda_driver_version);
   const std::string driver = "driver " + gpus.driver_version + " supports CUDA " + have;
-  const int need_major = built_for / 1000, have_major = gpus.cuda_driver_version / 1000;
-  if (gpus.cuda_driver_version >= built_for) {
+  const int need_major = built_for / 1000;
+  const CudaSupport support = cuda_support(gpus.cuda_driver_version, built_for);
+  if (support == CudaSupport::kFull) {
     c.summary = driver + ", " + what + " needs " + need;
-  } else if (have_major == need_major) {
+  } else if (support == CudaSupport::kMinorVersionCompatibility) {
     c.status = Status::kWarn;
     c.summary = driver + ", older than the CUDA " + need + " " + what +
                 " was built with: it runs under minor-version compatibility, but PTX built for " + need +

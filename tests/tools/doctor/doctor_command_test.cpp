@@ -56,11 +56,13 @@ TEST(DoctorCommand, UnknownFlagIsAUsageError) {
 }
 
 #ifdef LOCKSTEP_NVML_STANDIN
-// `lockstep doctor` reading the stand-in NVML with one profile of tests/gpu/profiles.
+// `lockstep doctor` reading the stand-in NVML with one profile of tests/gpu/profiles. The
+// Python stack has its own tests (doctor_python_test.cpp): skipped here, it would make each
+// run import this machine's torch.
 Result doctor_with(const std::string& profile, const std::string& arguments = "") {
-  return run_shell(
-      "env -u CUDA_VISIBLE_DEVICES -u CUDA_DEVICE_ORDER LOCKSTEP_NVML_LIBRARY=" + std::string(LOCKSTEP_NVML_STANDIN) +
-      " LOCKSTEP_NVML_PROFILE=" + LOCKSTEP_NVML_PROFILES + "/" + profile + ".json " + kBinary + " doctor " + arguments);
+  return run_shell("env -u CUDA_VISIBLE_DEVICES -u CUDA_DEVICE_ORDER LOCKSTEP_NVML_LIBRARY=" +
+                   std::string(LOCKSTEP_NVML_STANDIN) + " LOCKSTEP_NVML_PROFILE=" + LOCKSTEP_NVML_PROFILES + "/" +
+                   profile + ".json " + kBinary + " doctor --no-python " + arguments);
 }
 
 // The status the report prints for the check `name` ("" when it has no line).
