@@ -170,4 +170,19 @@ std::string ramp_table(const std::vector<RampScale>& scales) {
   return table;
 }
 
+std::string ramp_gpus(const std::string& gpus, int workers, int most) {
+  if (gpus.empty() || gpus == "auto") return gpus;
+  std::vector<std::string> entries;
+  std::istringstream list(gpus);
+  for (std::string entry; std::getline(list, entry, ',');) entries.push_back(entry);
+  if (static_cast<int>(entries.size()) < most) {
+    throw UsageError("--gpus " + gpus + " names " + std::to_string(entries.size()) + " GPU" +
+                     (entries.size() == 1 ? "" : "s") + " for a ramp up to " + std::to_string(most) +
+                     " workers: list at least " + std::to_string(most) + " (each scale takes the first ones)");
+  }
+  std::string chosen;
+  for (int i = 0; i < workers; ++i) chosen += (i ? "," : "") + entries[static_cast<size_t>(i)];
+  return chosen;
+}
+
 }  // namespace lockstep::tools

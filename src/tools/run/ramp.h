@@ -43,6 +43,11 @@ std::string out_dir_of(const std::vector<std::string>& command);
 // `command` with its --out (added when missing) set to `out`.
 std::vector<std::string> with_out_dir(std::vector<std::string> command, const std::string& out);
 
+// The GPUs of one scale when --gpus lists them: its first `workers` entries ("0,2,3,5" at 2
+// workers is "0,2"), so every scale runs on the GPUs the user chose. "" and "auto" stay as
+// they are. UsageError when the list is shorter than the ramp's largest scale, `most`.
+std::string ramp_gpus(const std::string& gpus, int workers, int most);
+
 // The table: workers, throughput, speed-up and efficiency against the first scale that has a
 // throughput, and its source; then one line naming the first scale whose weights differ
 // from the first scale's (steps alike), if any.

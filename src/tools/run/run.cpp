@@ -384,6 +384,7 @@ int run_ramp(const RunOptions& o, const RampOptions& ramp, GpuAsk ask) {
   const std::string given_out = train ? out_dir_of(o.command) : "";
   // lockstep train's figures and weights need its whole run; other programs get a minute.
   const double seconds = ramp.seconds >= 0 ? ramp.seconds : train ? 0 : 60;
+  const std::string gpus = ask.gpus;
   std::vector<RampScale> rows;
   for (const int workers : ramp.scales) {
     const std::string name = "workers-" + std::to_string(workers);
@@ -392,13 +393,16 @@ int run_ramp(const RunOptions& o, const RampOptions& ramp, GpuAsk ask) {
     scale.stop_after_seconds = seconds;
     scale.sample_gpus = !train && ramp.metric.empty();
     scale.log_dir = (fs::path(o.log_dir) / name).string();
-    fs::create_directories(scale.log_dir);
+    std::error_code log_dir_error;
+    fs::create_directories(scale.log_dir, log_dir_error);
+    if (log_dir_error) throw Error("the ramp's log folder " + scale.log_dir + ": " + log_dir_error.message());
     const std::string out = given_out.empty() ? scale.log_dir + "/out" : (fs::path(given_out) / name).string();
     if (train) scale.command = with_out_dir(o.command, out);
     std::fprintf(stderr, "lockstep run: ramp: %d worker%s", workers, workers == 1 ? "" : "s");
     if (seconds > 0) std::fprintf(stderr, ", for %g s", seconds);
     std::fprintf(stderr, "\n");
     ask.workers = workers;
+    ask.gpus = ramp_gpus(gpus, workers, ramp.scales.back());
     const GpuAssignment assigned = assign_and_show_gpus(ask, 0);
     const Attempt outcome =
         run_attempt(scale, 0, comm::make_job_secret(), threads_per_worker(workers), assigned, nullptr);
@@ -532,6 +536,7 @@ int run_main(const std::vector<std::string>& args) {
     if (ramp.seconds < 0 && flags.given("ramp-seconds"))
       throw UsageError("--ramp-seconds must be 0 (each scale runs until the command ends) or more");
     o.workers = ramp.scales.back();
+    ramp_gpus(gpus, o.workers, o.workers);  // a --gpus list too short for the ramp: say so before starting
   } else if (flags.given("ramp-seconds") || flags.given("ramp-metric")) {
     throw UsageError("--ramp-seconds and --ramp-metric go with --ramp COUNTS, like --ramp 1,2,4");
   }

@@ -24,6 +24,15 @@ TEST(Ramp, ScalesArePositiveAndRising) {
   }
 }
 
+TEST(Ramp, EachScaleTakesTheFirstGpusOfTheList) {
+  EXPECT_EQ(ramp_gpus("0,2,3,5", 1, 4), "0");
+  EXPECT_EQ(ramp_gpus("0,2,3,5", 2, 4), "0,2");
+  EXPECT_EQ(ramp_gpus("0,2,3,5", 4, 4), "0,2,3,5");
+  EXPECT_EQ(ramp_gpus("auto", 2, 4), "auto");
+  EXPECT_EQ(ramp_gpus("", 2, 4), "");
+  EXPECT_THROW(ramp_gpus("0,1", 1, 4), UsageError);
+}
+
 TEST(Ramp, TheMetricIsTheMeanOfTheMatchesAfterTheFirst) {
   const std::string pattern = "samples/s=([0-9.]+)";
   EXPECT_DOUBLE_EQ(*metric_in_output("a samples/s=10\nb samples/s=30\nc samples/s=50\n", pattern), 40.0);

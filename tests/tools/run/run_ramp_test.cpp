@@ -112,6 +112,22 @@ TEST_F(RunRamp, WithoutAMetricGpuUtilizationIsTheFigure) {
   EXPECT_LE(second, 192);
   EXPECT_NE(r.output.find("GPU utilization: mean percent x GPUs (no --ramp-metric)"), std::string::npos) << r.output;
 }
+
+// --gpus with a ramp: each scale runs on the first GPUs of the list, in its order.
+TEST_F(RunRamp, EachScaleRunsOnTheFirstGpusListed) {
+  const Result r = ramp("--ramp 1,2 --gpus 3,1 --ramp-seconds 1 -- sleep 30",
+                        "LOCKSTEP_NVML_LIBRARY=" + std::string(LOCKSTEP_NVML_STANDIN) +
+                            " LOCKSTEP_NVML_PROFILE=" + testing::standin_profile_path("t4-4x-pcie.json") +
+                            " LOCKSTEP_GPU_LEASE_DIR=" + (root_ / "leases").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t second_scale = r.output.find("ramp: 2 workers");
+  ASSERT_NE(second_scale, std::string::npos) << r.output;
+  const std::string first = r.output.substr(0, second_scale), second = r.output.substr(second_scale);
+  EXPECT_NE(first.find("rank 0 on GPU 3 "), std::string::npos) << r.output;
+  EXPECT_EQ(first.find("rank 1 on"), std::string::npos) << r.output;
+  EXPECT_NE(second.find("rank 0 on GPU 3 "), std::string::npos) << r.output;
+  EXPECT_NE(second.find("rank 1 on GPU 1 "), std::string::npos) << r.output;
+}
 #endif
 
 TEST_F(RunRamp, BadRequestsAreRefusedSayingWhy) {
@@ -125,6 +141,7 @@ TEST_F(RunRamp, BadRequestsAreRefusedSayingWhy) {
   refused("--ramp 1,2 --ramp-metric 'samples/s=[0-9]+'", "needs one group around the number");
   refused("--ramp-seconds 5", "--ramp-seconds and --ramp-metric go with --ramp COUNTS");
   refused("--ramp 1,2 --ramp-seconds -1", "--ramp-seconds must be 0");
+  refused("--ramp 1,2,4 --gpus 0,1", "--gpus 0,1 names 2 GPUs for a ramp up to 4 workers");
 }
 
 }  // namespace
