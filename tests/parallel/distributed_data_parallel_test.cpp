@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/allocator.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/models.h"
@@ -255,6 +256,28 @@ TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
   EXPECT_EQ(errors, std::vector<std::string>(2, ""));
   EXPECT_EQ(after[0], before[0]);
   EXPECT_EQ(after[1], before[0]);  // rank 0's weights, from the broadcast
+}
+
+// An earlier micro-batch's gradients go straight into their leaf of the rank's subtree
+// (GradientCollector): the step peaks at one copy of them above what it keeps, not two.
+TEST(DistributedDataParallel, AnEarlierMicroBatchHoldsOneCopyOfItsGradients) {
+  int64_t gradient_bytes = 0, extra = 0;
+  const auto errors = run_ranks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
+    auto model = nn::make_model("mlp", kSeed);
+    for (const Tensor& p : model->parameters()) gradient_bytes += p.numel() * 4;
+    DistributedDataParallel ddp(model, sgd, comm, {.loss = classification(), .micro_batch = 1});
+    const Device device = model->parameters().front().device();
+    const Data data = synthetic(2, 0);
+    train_step(ddp, data, 0, 0);  // momentum and the reduced buffer exist from here on
+    const int64_t before = memory_stats(device).allocated_bytes;
+    reset_peak_memory_stats(device);
+    train_step(ddp, data, 0, 1);
+    extra = memory_stats(device).peak_allocated_bytes - before;
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(1, ""));
+  EXPECT_GT(extra, gradient_bytes);
+  EXPECT_LT(extra, gradient_bytes * 5 / 4) << "a step of two micro-batches peaked " << extra
+                                           << " bytes above what it keeps; the gradients are " << gradient_bytes;
 }
 
 TEST(DistributedDataParallel, AFailingRankStopsTheOthersNamingItself) {

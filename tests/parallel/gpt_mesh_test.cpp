@@ -10,6 +10,7 @@
 
 #include "lockstep/core/allocator.h"
 #include "lockstep/core/philox.h"
+#include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/gpt_mesh_parallel.h"
@@ -197,6 +198,34 @@ TEST(GptMesh, OneFOneBHoldsFewerActivationsThanGpipe) {
   const int64_t gpipe = step_memory(PipelineSchedule::gpipe), one_f_one_b = step_memory(PipelineSchedule::one_f_one_b);
   EXPECT_GT(gpipe, 2 * one_f_one_b) << "GPipe's step peaked " << gpipe << " bytes above the weights, 1F1B's "
                                     << one_f_one_b;
+}
+
+// Backward's gradients go straight into the step's flat buffer (GradientCollector): once
+// AdamW's moments exist, a step peaks at one copy of the gradients above what it keeps (plus
+// a small batch's activations), not two (.grad tensors and the buffer they were copied into).
+TEST(GptMesh, AStepHoldsOneCopyOfTheGradients) {
+  // Wide and short, one sample: the gradients outweigh the activations.
+  const nn::GptConfig config{.vocab = 256, .context = 4, .layers = 2, .heads = 2, .width = 128};
+  const nn::Gpt full(config, kSeed);
+  int64_t gradient_bytes = 0;
+  for (const Tensor& p : full.parameters()) gradient_bytes += p.numel() * 4;
+  GptMeshOptions options = with_mesh({});
+  options.micro_batch = 1;
+  int64_t extra = 0;
+  expect_no_errors(run_ranks(1, [&](int, const std::shared_ptr<comm::Communicator>& world) {
+    const Device device = Device::cpu(0);
+    GptMeshRank part(full, options, world, device, adamw);
+    const Batch b = batch_at(0, config.context);
+    const Tensor tokens = slice(b.tokens, 0, 0, 1), targets = slice(b.targets, 0, 0, 1);
+    part.step(tokens, targets, 0, 0, kSeed);  // the optimizer's state exists from here on
+    const int64_t before = memory_stats(device).allocated_bytes;
+    reset_peak_memory_stats(device);
+    part.step(tokens, targets, 0, 1, kSeed);
+    extra = memory_stats(device).peak_allocated_bytes - before;
+  }));
+  EXPECT_GT(extra, gradient_bytes);
+  EXPECT_LT(extra, gradient_bytes * 5 / 4)
+      << "a step peaked " << extra << " bytes above what it keeps; the gradients are " << gradient_bytes;
 }
 
 TEST(GptMesh, TensorParallelLossStaysWithin1e5For20Steps) {

@@ -191,6 +191,7 @@ int64_t DistributedDataParallel::optimizer_state_bytes() const {
 }
 
 void DistributedDataParallel::on_gradient_ready(size_t param) {
+  if (accumulating_) accumulating_->take(param);
   if (!collecting_ || taken_[param]) return;
   gradients_.take(param, last_leaf_);
   taken_[param] = true;
@@ -298,12 +299,18 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
       for (size_t i = 0; i < gradients_.params().size(); ++i)
         gradients_.params()[i].set_grad_destination(gradients_.view(last_leaf_, i));
     }
+    // The earlier micro-batches' gradients go straight into a buffer of their own, leaf of
+    // the rank's subtree (no .grad beside it).
+    if (!last) accumulating_.emplace(gradients_, /*hooks=*/false);
     const Precision precision{options_.precision, scaler_ ? scaler_->scale() : 1.0};
     std::vector<Tensor> leaf = {
         run_micro_batch(*model_, options_.loss, share, first, micro, normalizer, context, device, precision)};
     for (Tensor& entry : statistics_.take()) leaf.push_back(std::move(entry));
     losses.add_leaf(std::move(leaf));
-    if (!last) tree_.add_leaf({gradients_.take_all()});
+    if (!last) {
+      tree_.add_leaf({accumulating_->finish()});
+      accumulating_.reset();
+    }
   }
   // Parameters backward did not reach (unused in this step) count as zeros.
   collecting_ = false;

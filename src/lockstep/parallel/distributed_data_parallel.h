@@ -31,6 +31,7 @@
 #include "lockstep/optim/loss_scaler.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/flat_gradients.h"
+#include "lockstep/parallel/gradient_collector.h"
 #include "lockstep/parallel/gradient_tree.h"
 #include "lockstep/parallel/layout.h"
 #include "lockstep/parallel/powersgd.h"
@@ -145,11 +146,12 @@ class DistributedDataParallel final : public Layout {
 
   // The step in flight.
   GradientTree tree_;
-  Tensor last_leaf_;             // the final micro-batch's gradients, reduced bucket by bucket
-  bool collecting_ = false;      // inside the final micro-batch's backward
-  std::vector<bool> taken_;      // per parameter: its gradient is in last_leaf_
-  std::vector<size_t> missing_;  // per bucket: parameters not yet taken
-  size_t next_bucket_ = 0;       // buckets start in order
+  Tensor last_leaf_;                               // the final micro-batch's gradients, reduced bucket by bucket
+  std::optional<GradientCollector> accumulating_;  // an earlier micro-batch's gradients
+  bool collecting_ = false;                        // inside the final micro-batch's backward
+  std::vector<bool> taken_;                        // per parameter: its gradient is in last_leaf_
+  std::vector<size_t> missing_;                    // per bucket: parameters not yet taken
+  size_t next_bucket_ = 0;                         // buckets start in order
   std::vector<comm::Work> works_;
   bool replicas_agree_ = true;  // false between local SGD's averagings
   std::unique_ptr<PowerSgd> powersgd_;

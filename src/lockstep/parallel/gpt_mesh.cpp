@@ -6,6 +6,7 @@
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/parallel/gradient_collector.h"
 #include "lockstep/parallel/gradient_tree.h"
 #include "lockstep/parallel/stage_links.h"
 
@@ -73,6 +74,15 @@ GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std
     full_index_.push_back(f);
   }
   gradients_ = std::make_unique<FlatGradients>(stage_->parameters());
+  if (stage_->first() && !stage_->last()) {
+    // The embedding: the head's use of it arrives from the last stage.
+    const std::vector<Tensor>& params = gradients_->params();
+    tied_index_ = static_cast<size_t>(
+        std::find_if(params.begin(), params.end(),
+                     [&](const Tensor& p) { return p.impl_ptr() == stage_->head_weight.impl_ptr(); }) -
+        params.begin());
+    LOCKSTEP_CHECK(tied_index_ < params.size()) << "GptMeshRank: the first stage's head weight is not its embedding";
+  }
   optimizer_ = make_optimizer(stage_->parameters());
 }
 
@@ -137,6 +147,7 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
       links.recv(gradient, stage + 1, kGradient);
     }
     StepClock::time_point compute = StepClock::now();
+    GradientCollector collected(*gradients_);
     slot.output.backward(gradient);
     times.compute += seconds_since(compute);
     if (!part.first()) links.send(slot.input.grad(), stage - 1, kGradient);
@@ -149,10 +160,11 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
       const Tensor head = Tensor::empty(part.head_weight.shape(), DType::f32, device_);
       links.recv(head, stages - 1, kTiedGradient);
       NoGradGuard no_grad;
-      part.head_weight.grad().copy_from(part.head_weight.grad() + head);
+      const Tensor tied = collected.place(tied_index_);
+      tied.copy_from(tied + head);
     }
     compute = StepClock::now();
-    std::vector<Tensor> leaf{gradients_->take_all()};
+    std::vector<Tensor> leaf{collected.finish()};
     if (part.last()) leaf.push_back(Tensor::full({1}, slot.output.item() / weight, DType::f64));
     tree.add_leaf(std::move(leaf));
     slot = InFlight{};  // this micro-batch's activations go now

@@ -92,6 +92,7 @@ class GptMeshRank {
   Device device_;
   std::unique_ptr<GptStage> stage_;
   std::unique_ptr<FlatGradients> gradients_;
+  size_t tied_index_ = 0;  // first stage of several: the embedding's place among the parameters
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::vector<std::pair<std::string, Shape>> full_parameters_;  // the full model's, in order
   std::vector<size_t> full_index_;                              // per local parameter, its index among full_parameters_

@@ -1,10 +1,12 @@
 #include "lockstep/parallel/sequential_pipeline.h"
 
+#include <optional>
 #include <sstream>
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/parallel/gradient_collector.h"
 #include "lockstep/parallel/gradient_tree.h"
 #include "lockstep/parallel/stage_links.h"
 
@@ -170,6 +172,8 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
       links.recv(gradient, stage() + 1, kGradient);
     }
     const StepClock::time_point compute = StepClock::now();
+    std::optional<GradientCollector> collected;
+    if (gradients_) collected.emplace(*gradients_);
     if (slot.output.requires_grad()) slot.output.backward(gradient);
     if (!first_stage) {
       const Tensor input_grad = slot.input.requires_grad() ? slot.input.grad() : Tensor();
@@ -179,7 +183,7 @@ StepResult SequentialPipelineRank::step(const TensorBatch& global_batch, const S
     // This stage's part of the micro-batch's leaf: its layers' gradients, their running
     // statistics, and on the last stage the loss.
     std::vector<Tensor> leaf;
-    if (gradients_) leaf.push_back(gradients_->take_all());
+    if (collected) leaf.push_back(collected->finish());
     for (Tensor& entry : slot.statistics) leaf.push_back(std::move(entry));
     if (last_stage) {
       leaf.push_back(div(reshape(slot.output.detach(), {1}).to(DType::f64),
