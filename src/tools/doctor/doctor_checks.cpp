@@ -21,6 +21,12 @@ const char* to_string(Status status) {
   return "?";
 }
 
+std::string join(const std::vector<std::string>& parts, const std::string& separator) {
+  std::string text;
+  for (size_t i = 0; i < parts.size(); ++i) text += (i ? separator : "") + parts[i];
+  return text;
+}
+
 // NVIDIA's CUDA compatibility guide (minor-version compatibility table, Linux x86_64):
 // any 11.x runs on 450.80.02 or newer, any 12.x on 525.60.13, any 13.x on 580.
 std::string minimum_driver_for_cuda_major(int major) {

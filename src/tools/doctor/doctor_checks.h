@@ -98,6 +98,9 @@ int exit_code(const std::vector<Check>& checks);
 enum class CudaSupport { kFull, kMinorVersionCompatibility, kNeedsNewerDriver };
 CudaSupport cuda_support(int driver_cuda, int built_for);
 
+// "a, b, c" from {"a", "b", "c"} and ", ": the rules' lists in one line.
+std::string join(const std::vector<std::string>& parts, const std::string& separator);
+
 // The oldest Linux driver that runs any CUDA `major`.x under minor-version compatibility
 // ("525.60.13" for 12); empty for a major the table does not know.
 std::string minimum_driver_for_cuda_major(int major);

@@ -12,12 +12,6 @@ namespace {
 
 std::string gpu_label(const gpu::GpuDevice& d) { return "GPU " + std::to_string(d.index); }
 
-std::string join(const std::vector<std::string>& parts, const std::string& separator) {
-  std::string text;
-  for (size_t i = 0; i < parts.size(); ++i) text += (i ? separator : "") + parts[i];
-  return text;
-}
-
 std::string plural(size_t n, const std::string& word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
 
 // The driver's CUDA version against one a component was built for (cuda_support).

@@ -112,12 +112,6 @@ std::string nearest_known(const std::string& name) {
   return "";
 }
 
-std::string join(const std::vector<std::string>& parts, const std::string& separator) {
-  std::string text;
-  for (size_t i = 0; i < parts.size(); ++i) text += (i ? separator : "") + parts[i];
-  return text;
-}
-
 bool gpu_related(const std::string& name) { return name.rfind("NCCL_", 0) == 0 || name.rfind("TORCH_NCCL_", 0) == 0; }
 
 }  // namespace

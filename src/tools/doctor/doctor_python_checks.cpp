@@ -10,12 +10,6 @@
 namespace lockstep::tools {
 namespace {
 
-std::string join(const std::vector<std::string>& parts, const std::string& separator) {
-  std::string text;
-  for (size_t i = 0; i < parts.size(); ++i) text += (i ? separator : "") + parts[i];
-  return text;
-}
-
 void escalate(Check& c, Status status) { c.status = std::max(c.status, status); }
 
 // The GPUs this host has, as NVML or the driver's own files show them.
