@@ -18,11 +18,12 @@ bool is_executable_file(const std::filesystem::path& candidate) {
 std::string find_on_path(const std::string& path_env, const std::string& program) {
   if (program.empty()) return "";
   if (program.find('/') != std::string::npos) return is_executable_file(program) ? program : "";
+  if (path_env.empty()) return "";
   for (size_t start = 0; start <= path_env.size();) {
     const size_t end = std::min(path_env.find(':', start), path_env.size());
-    const std::string dir = path_env.substr(start, end - start);
+    // An empty entry is the current folder, as POSIX shells read PATH.
+    const std::string dir = end > start ? path_env.substr(start, end - start) : ".";
     start = end + 1;
-    if (dir.empty()) continue;
     const std::filesystem::path candidate = std::filesystem::path(dir) / program;
     if (is_executable_file(candidate)) return candidate.string();
   }
