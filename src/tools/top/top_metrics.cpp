@@ -104,8 +104,11 @@ std::string cpu_text(const TopSample& sample, const std::string& hostname) {
   }
   out += "# HELP lockstep_host_memory_used Host memory used (in MiB).\n# TYPE lockstep_host_memory_used gauge\n";
   out += "lockstep_host_memory_used{" + host + "} " + std::to_string(sample.cpu.memory.used() / kMiB) + "\n";
-  out += "# HELP lockstep_host_memory_total Host memory total (in MiB).\n# TYPE lockstep_host_memory_total gauge\n";
-  out += "lockstep_host_memory_total{" + host + "} " + std::to_string(sample.cpu.memory.total / kMiB) + "\n";
+  // Not "_total": Prometheus keeps that suffix for counters (promtool check metrics says so).
+  out +=
+      "# HELP lockstep_host_memory_capacity Host memory in all (in MiB).\n"
+      "# TYPE lockstep_host_memory_capacity gauge\n";
+  out += "lockstep_host_memory_capacity{" + host + "} " + std::to_string(sample.cpu.memory.total / kMiB) + "\n";
   return out;
 }
 

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "lockstep/core/error.h"
@@ -60,6 +63,54 @@ TEST(TopMetrics, CpuViewServesCoreAndHostMemoryMetrics) {
       << text;
   EXPECT_NE(text.find("\nlockstep_host_memory_used{Hostname=\"node1\"} 12288\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("DCGM_"), std::string::npos);
+}
+
+// Prometheus's own linter on both views, a real promtool. The CPU view is Lockstep's own and
+// passes clean. The GPU view keeps dcgm-exporter's names so its dashboards work, and
+// dcgm-exporter's own page fails the linter the same two ways (its `modelName` label, its
+// ECC counters without "_total"): those are the only findings allowed.
+struct Lint {
+  int exit_code = -1;
+  std::vector<std::string> findings;
+};
+
+Lint promtool(const std::string& text) {
+  char path[] = "/tmp/lockstep-metrics-XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  Lint lint;
+  FILE* pipe = popen(("promtool check metrics < " + std::string(path) + " 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  const int status = pclose(pipe);
+  unlink(path);
+  lint.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) lint.findings.push_back(line);
+  }
+  return lint;
+}
+
+TEST(TopMetrics, PrometheusLinterAcceptsTheCpuViewAndOnlyDcgmExportersOwnNamesInTheGpuView) {
+  if (system("command -v promtool >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "promtool is not installed (scripts/install-deps installs Debian's prometheus package)";
+  }
+  const Lint cpu = promtool(prometheus_text(top_testing::cpu_sample(), "node1"));
+  EXPECT_EQ(cpu.exit_code, 0);
+  EXPECT_TRUE(cpu.findings.empty()) << cpu.findings.front();
+
+  const Lint gpus = promtool(prometheus_text(top_testing::two_gpu_sample(), "node1"));
+  EXPECT_NE(gpus.exit_code, 1) << "promtool could not parse the page";
+  for (const std::string& finding : gpus.findings) {
+    const bool model_name = finding.find("label names should be written in 'snake_case'") != std::string::npos;
+    const bool ecc_counter = finding.rfind("DCGM_FI_DEV_ECC_", 0) == 0 &&
+                             finding.find("counter metrics should have \"_total\" suffix") != std::string::npos;
+    EXPECT_TRUE(model_name || ecc_counter) << finding;
+  }
 }
 
 TEST(TopMetrics, ListenAddressForms) {
