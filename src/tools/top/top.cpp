@@ -2,6 +2,7 @@
 // throttling and processes, like `nvidia-smi -l 1` and nvtop, with logging and Prometheus.
 //
 //   lockstep top [-l SECONDS] [--once] [--json] [--count N] [--log FILE.csv|FILE.jsonl] [--serve [HOST]:PORT]
+//   lockstep top [-i IDS] --query-gpu=FIELDS --format=csv[,noheader][,nounits] [-l SECONDS]
 //
 // On a terminal: the full-screen view with history sparklines (q or Ctrl-C quits). Into a
 // pipe or file: a plain block per sample. Without NVML: the CPU cores and host memory.
@@ -27,6 +28,7 @@
 #include "tools/top/top_lines.h"
 #include "tools/top/top_log.h"
 #include "tools/top/top_metrics.h"
+#include "tools/top/top_query.h"
 #include "tools/top/top_terminal.h"
 #include "tools/top/top_view.h"
 
@@ -57,10 +59,10 @@ struct TopOptions {
   std::string serve;
 };
 
-// nvidia-smi's "-l SECONDS" beside the long form.
+// nvidia-smi's "-l SECONDS" and "-i IDS" beside the long forms.
 std::vector<std::string> long_flags(const std::vector<std::string>& args) {
   std::vector<std::string> out;
-  for (const std::string& arg : args) out.push_back(arg == "-l" ? "--interval" : arg);
+  for (const std::string& arg : args) out.push_back(arg == "-l" ? "--interval" : arg == "-i" ? "--id" : arg);
   return out;
 }
 
@@ -75,24 +77,28 @@ void add_cuda_order(TopSample& sample) {
 
 class Sampler {
  public:
+  // ids: --id's GPUs ("" all of them).
+  explicit Sampler(std::string ids) : ids_(std::move(ids)) {}
+
   TopSample take() {
     TopSample sample;
     sample.gpus = nvml_.read({.processes = true, .topology = false});
     sample.taken = std::chrono::system_clock::now();
     sample.nvml_library_tried = gpu::Nvml::requested_library();
+    // CUDA numbers the GPUs over all of them, so before --id keeps some.
+    if (sample.shows_gpus()) add_cuda_order(sample);
+    if (!ids_.empty()) keep_gpus(sample, select_gpus(sample.gpus, ids_));
     if (!sample.shows_gpus()) {
       if (!cpu_) cpu_.emplace();
       sample.cpu = cpu_->read();
     }
     sample.alerts = find_alerts(sample.gpus);
-    if (sample.shows_gpus()) {
-      add_cuda_order(sample);
-      sample.leases = gpu::leased_gpus(sample.gpus);
-    }
+    if (sample.shows_gpus()) sample.leases = gpu::leased_gpus(sample.gpus);
     return sample;
   }
 
  private:
+  std::string ids_;
   gpu::Nvml nvml_;
   std::optional<CpuReader> cpu_;
 };
@@ -111,6 +117,7 @@ int top_main(const std::vector<std::string>& args) {
               "Live per-device utilization, memory, temperature, power, clocks, throttling and processes\n"
               "(the CPU cores and memory on a host with no NVIDIA driver):\n"
               "  lockstep top [-l SECONDS] [--once] [--json] [--count N] [--log FILE.csv|FILE.jsonl] [--serve :PORT]\n"
+              "  lockstep top [-i IDS] --query-gpu=index,name,memory.used --format=csv[,noheader][,nounits]\n"
               "Full screen on a terminal (q quits), plain lines into a pipe or file.");
   flags.add("interval", &options.interval, "seconds between samples, fractions allowed (-l, like nvidia-smi -l)");
   flags.add_switch("once", &once, "one sample, plain output, then exit");
@@ -118,7 +125,24 @@ int top_main(const std::vector<std::string>& args) {
   flags.add("count", &options.count, "stop after this many samples (default 0: until q or Ctrl-C)");
   flags.add("log", &options.log_path, "append every sample to FILE.csv or FILE.jsonl (the extension picks)");
   flags.add("serve", &options.serve, "Prometheus metrics on GET /metrics at [HOST]:PORT, dcgm-exporter's names");
+  std::string ids, query, format;
+  flags.add("id", &ids, "only these GPUs: NVML indices, UUIDs or PCI bus ids, comma-separated (-i, like nvidia-smi)");
+  flags.add("query-gpu", &query,
+            "nvidia-smi's query: --query-gpu=index,name,utilization.gpu,memory.used (with --format); once unless -l");
+  flags.add("format", &format, "for --query-gpu: csv, csv,noheader, csv,nounits or csv,noheader,nounits");
   if (!flags.parse(long_flags(args))) return 0;
+  if (!query.empty() && format.empty()) throw UsageError("--query-gpu needs --format, like --format=csv");
+  if (query.empty() && !format.empty()) throw UsageError("--format goes with --query-gpu");
+  const std::vector<QueryField> fields = query.empty() ? std::vector<QueryField>() : parse_query_fields(query);
+  const QueryFormat query_format = format.empty() ? QueryFormat{} : parse_query_format(format);
+  if (!query.empty()) {
+    if (flags.given("once") || flags.given("json") || flags.given("serve")) {
+      throw UsageError("--query-gpu prints its own lines: leave out --once, --json and --serve");
+    }
+    if (!flags.given("interval") && !flags.given("count")) options.count = 1;  // nvidia-smi: once, unless -l
+  }
+  // A GPU --id does not name is a usage error before anything starts.
+  if (!ids.empty()) select_gpus(gpu::Nvml().read({}), ids);
   // A day at most: a larger number overflows the clock's ticks and would sample in a busy loop.
   if (!(options.interval > 0) || options.interval > 86400)
     throw UsageError("--interval " + flag_number(options.interval) +
@@ -135,11 +159,11 @@ int top_main(const std::vector<std::string>& args) {
   if (!options.serve.empty()) server = std::make_unique<MetricsServer>(parse_listen_address(options.serve));
 
   install_signal_handlers();
-  const bool full_screen = !once && !options.json && stdout_is_capable_terminal();
+  const bool full_screen = !once && !options.json && query.empty() && stdout_is_capable_terminal();
   std::unique_ptr<TerminalSession> terminal;
   if (full_screen) terminal = std::make_unique<TerminalSession>();
 
-  Sampler sampler;
+  Sampler sampler(ids);
   History history;
   const std::string host = host_name();
   const auto period = std::chrono::duration<double>(options.interval);
@@ -153,7 +177,15 @@ int top_main(const std::vector<std::string>& args) {
     const auto draw = [&] {
       if (terminal) terminal->draw(frame_bytes(screen_lines(sample, history, terminal->columns(), terminal->rows())));
     };
-    if (terminal) {
+    if (!query.empty()) {
+      if (!sample.shows_gpus()) {
+        std::fprintf(stderr, "lockstep top: --query-gpu: no GPU to query (%s)\n",
+                     sample.gpus.loaded() ? "NVML lists none" : sample.gpus.load_error.c_str());
+        return 6;  // nvidia-smi's "a query to find an object was unsuccessful"
+      }
+      print((taken == 1 && query_format.header ? query_header(fields, query_format) : "") +
+            query_rows(sample, fields, query_format));
+    } else if (terminal) {
       draw();
     } else if (options.json) {
       print(sample_json(sample).dump() + "\n");

@@ -84,6 +84,14 @@ TEST(TopCommand, BadInputIsAUsageErrorThatSaysWhatIsWrong) {
   }
 }
 
+TEST(TopCommand, QueryGpuWithoutAGpuFailsAsNvidiaSmiDoes) {
+  const Result r = top(kWithoutNvml, "--query-gpu=index --format=csv");
+  EXPECT_EQ(r.exit_code, 6) << r.output;
+  EXPECT_NE(r.output.find("no GPU to query"), std::string::npos) << r.output;
+  EXPECT_EQ(top(kWithoutNvml, "--query-gpu=index").exit_code, 2);
+  EXPECT_EQ(top(kWithoutNvml, "--format=csv").exit_code, 2);
+}
+
 TEST(TopCommand, ServeOnAPortInUseNamesThePort) {
   BusyPort busy;
   const int port = busy.port();
@@ -98,6 +106,41 @@ TEST(TopCommand, ServeOnAPortInUseNamesThePort) {
 std::string standin(const std::string& profile) {
   return std::string("env LOCKSTEP_NVML_LIBRARY=") + LOCKSTEP_NVML_STANDIN +
          " LOCKSTEP_NVML_PROFILE=" + LOCKSTEP_NVML_PROFILES + "/" + profile + " ";
+}
+
+// --query-gpu as scripts written for nvidia-smi call it; the expected values are the
+// profile's own (shared-server.json: 4x RTX A6000, GPU 0 at 94% with 42165338112 bytes used).
+TEST(TopCommand, QueryGpuPrintsNvidiaSmisCsvOnce) {
+  const Result r = top(standin("shared-server.json"),
+                       "--query-gpu=index,name,utilization.gpu,memory.used,memory.total --format=csv");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 5u) << r.output;
+  EXPECT_EQ(lines[0], "index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB]");
+  EXPECT_EQ(lines[1], "0, NVIDIA RTX A6000, 94 %, " + std::to_string(42165338112 / (1 << 20)) + " MiB, " +
+                          std::to_string(51527024640 / (1 << 20)) + " MiB");
+  EXPECT_EQ(lines[4].rfind("3, NVIDIA RTX A6000, 0 %, ", 0), 0u) << lines[4];
+
+  // -i picks GPUs by index or UUID; noheader and nounits as nvidia-smi's; -l repeats.
+  const Result picked = top(standin("shared-server.json"),
+                            "-i 2,GPU-223481a4-9caf-ce64-f9b7-28fb599b8fc0 --query-gpu=index,utilization.gpu "
+                            "--format=csv,noheader,nounits -l 0.1 --count 2");
+  ASSERT_EQ(picked.exit_code, 0) << picked.output;
+  const std::vector<std::string> rows = lines_of(picked.output);
+  ASSERT_EQ(rows.size(), 4u) << picked.output;
+  EXPECT_EQ(rows[0], "0, 94");
+  EXPECT_EQ(rows[1].rfind("2, ", 0), 0u) << rows[1];
+  EXPECT_EQ(rows[2], "0, 99");  // the profile's second reading of GPU 0
+}
+
+TEST(TopCommand, IdSelectsTheGpusOfTheViewAndRefusesOnesThatAreNotThere) {
+  const Result r = top(standin("shared-server.json"), "-i 1 --once");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n  1    1 NVIDIA RTX A6000"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\n  0 "), std::string::npos) << r.output;
+  const Result bad = top(standin("shared-server.json"), "--id 7 --once");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("no GPU is '7' (the GPUs are 0,1,2,3"), std::string::npos) << bad.output;
 }
 
 TEST(TopCommand, OnceOnEightA100sShowsEveryGpu) {
