@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "lockstep/gpu/pci_bus_id.h"
 #include "tools/doctor/doctor_checks.h"
 
 namespace lockstep::tools {
@@ -94,7 +95,7 @@ Check check_nvml(const DoctorInput& in) {
 Check check_gpus_seen(const DoctorInput& in) {
   Check c{"gpus-seen", Status::kPass, "", "", {}};
   std::set<std::string> seen;
-  for (const auto& d : in.gpus.devices) seen.insert(normalize_pci_bus_id(d.pci_bus_id));
+  for (const auto& d : in.gpus.devices) seen.insert(gpu::normalize_pci_bus_id(d.pci_bus_id));
   std::vector<std::string> missing;
   for (const DriverGpu& g : in.host.driver_gpus) {
     if (!seen.count(g.pci_bus_id)) missing.push_back(g.pci_bus_id + (g.model.empty() ? "" : " (" + g.model + ")"));

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "lockstep/gpu/pci_bus_id.h"
 #include "tools/common/path_lookup.h"
 
 namespace lockstep::tools {
@@ -58,18 +59,6 @@ bool all_digits(const std::string& text) {
 }
 
 }  // namespace
-
-std::string normalize_pci_bus_id(const std::string& bus_id) {
-  std::string lower = bus_id;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  const auto colon = lower.find(':');
-  // Only "domain:bus:device.function" has two colons; the domain is cut to its last 4 digits.
-  if (colon == std::string::npos || lower.find(':', colon + 1) == std::string::npos) return lower;
-  std::string domain = lower.substr(0, colon);
-  if (domain.size() > 4) domain = domain.substr(domain.size() - 4);
-  while (domain.size() < 4) domain = "0" + domain;
-  return domain + lower.substr(colon);
-}
 
 int count_cpulist(const std::string& cpulist) {
   const std::string text = trim(cpulist);
@@ -135,7 +124,7 @@ HostFacts gather_host_facts(const HostProbe& probe) {
     DriverGpu gpu;
     const std::string information = read_text(entry.path() / "information");
     const std::string location = field(information, "Bus Location");
-    gpu.pci_bus_id = normalize_pci_bus_id(location.empty() ? entry.path().filename().string() : location);
+    gpu.pci_bus_id = gpu::normalize_pci_bus_id(location.empty() ? entry.path().filename().string() : location);
     gpu.model = field(information, "Model");
     facts.driver_gpus.push_back(gpu);
   }

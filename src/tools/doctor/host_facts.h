@@ -49,9 +49,6 @@ struct HostProbe {
 // Reads the facts. Never throws: what cannot be read stays empty or zero.
 HostFacts gather_host_facts(const HostProbe& probe);
 
-// "00000000:07:00.0" (NVML) and "0000:07:00.0" (the driver's folder names) both become
-// "0000:07:00.0", lower case, so the two lists can be compared.
-std::string normalize_pci_bus_id(const std::string& bus_id);
 // CPUs in a Linux cpulist: "0-3,8,10-11" has 7; -1 when the text is not one.
 int count_cpulist(const std::string& cpulist);
 

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "lockstep/core/error.h"
-#include "tools/doctor/host_facts.h"
+#include "lockstep/gpu/pci_bus_id.h"
 
 namespace lockstep::tools {
 namespace {
@@ -193,7 +193,7 @@ std::vector<unsigned> select_gpus(const gpu::GpuState& gpus, const std::string& 
   for (const std::string& id : split(ids)) {
     const auto match = std::find_if(gpus.devices.begin(), gpus.devices.end(), [&](const gpu::GpuDevice& d) {
       return std::to_string(d.index) == id || d.uuid == id ||
-             (!d.pci_bus_id.empty() && normalize_pci_bus_id(d.pci_bus_id) == normalize_pci_bus_id(id));
+             (!d.pci_bus_id.empty() && gpu::normalize_pci_bus_id(d.pci_bus_id) == gpu::normalize_pci_bus_id(id));
     });
     if (id.empty() || match == gpus.devices.end()) {
       std::string there;

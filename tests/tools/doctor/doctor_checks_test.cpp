@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "lockstep/gpu/pci_bus_id.h"
+
 namespace lockstep::tools {
 namespace {
 
@@ -131,8 +133,8 @@ TEST(DoctorChecks, ContainerGivenSomeGpusIsNotAFailure) {
 }
 
 TEST(DoctorChecks, NvmlBusIdsMatchTheDriversFolderNames) {
-  EXPECT_EQ(normalize_pci_bus_id("00000000:3B:00.0"), "0000:3b:00.0");
-  EXPECT_EQ(normalize_pci_bus_id("0000:3b:00.0"), "0000:3b:00.0");
+  EXPECT_EQ(gpu::normalize_pci_bus_id("00000000:3B:00.0"), "0000:3b:00.0");
+  EXPECT_EQ(gpu::normalize_pci_bus_id("0000:3b:00.0"), "0000:3b:00.0");
 }
 
 TEST(DoctorChecks, DriverVsRuntimeFollowsMinorVersionCompatibility) {
