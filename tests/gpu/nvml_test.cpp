@@ -190,6 +190,26 @@ TEST(NvmlStandin, TopologyMatchesTheMatrix) {
   }
 }
 
+// NVML numbers a GPU's NVLinks from 0 up to NVML_NVLINK_MAX_LINKS (36 since NVML 13): a GPU
+// with more than 18 (two of its neighbours at NV12 each here) must have every one counted.
+TEST(NvmlStandin, NvlinksPastTheEighteenthAreCounted) {
+  json profile = read_profile("t4-4x-pcie.json");
+  profile["topology"] = json::array({json::array({"X", "NV24", "SYS", "SYS"}), json::array({"NV24", "X", "SYS", "SYS"}),
+                                     json::array({"SYS", "SYS", "X", "PHB"}), json::array({"SYS", "SYS", "PHB", "X"})});
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("lockstep-nvlink-" + std::to_string(getpid()) + ".json");
+  std::ofstream(path) << profile.dump();
+  {
+    StandinEnv env(path.string());
+    Nvml nvml;
+    const GpuState state = nvml.read({.processes = false, .topology = true});
+    ASSERT_EQ(state.topology.size(), 4u);
+    EXPECT_EQ(to_string(state.topology[0][1]), "NV24");
+    EXPECT_EQ(to_string(state.topology[1][0]), "NV24");
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(NvmlStandin, TopologyOnlyWhenAsked) {
   StandinEnv env("t4-4x-pcie.json");
   Nvml nvml;

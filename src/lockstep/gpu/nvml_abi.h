@@ -86,7 +86,9 @@ typedef enum nvmlIntNvLinkDeviceType_enum {
   NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF,
 } nvmlIntNvLinkDeviceType_t;
 
-#define NVML_NVLINK_MAX_LINKS 18
+// NVML 13 numbers up to 36 links per GPU (NVML 12 went to 18); asking past a GPU's last link
+// is answered with an error the topology reader skips.
+#define NVML_NVLINK_MAX_LINKS 36
 #define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
 #define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
 #define NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80
