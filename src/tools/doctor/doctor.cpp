@@ -69,43 +69,16 @@ nlohmann::json python_json(const std::vector<PythonFacts>& pythons) {
   return out;
 }
 
-// The command's own `env [-u NAME] NAME=VALUE …` words.
-struct EnvWords {
-  std::map<std::string, std::string> assigned;
-  std::vector<std::string> unset;
-};
-
-EnvWords command_env_words(const std::vector<std::string>& command) {
-  EnvWords words;
-  if (command.empty() || command[0].substr(command[0].rfind('/') + 1) != "env") return words;
-  for (size_t i = 1; i < command.size(); ++i) {
-    const std::string& word = command[i];
-    if ((word == "-u" || word == "--unset") && i + 1 < command.size()) {
-      words.unset.push_back(command[++i]);
-      continue;
-    }
-    if (word == "-C" || word == "--chdir") {
-      ++i;
-      continue;
-    }
-    if (word.empty() || word[0] == '-') continue;
-    const size_t equals = word.find('=');
-    if (equals == std::string::npos || equals == 0) break;
-    words.assigned[word.substr(0, equals)] = word.substr(equals + 1);
-  }
-  return words;
-}
-
 // doctor's environment as the command's `env` words change it.
-std::map<std::string, std::string> job_variables(const EnvWords& words) {
+std::map<std::string, std::string> job_variables(const EnvPrefix& command_env) {
   std::map<std::string, std::string> vars;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string text = *entry;
     const size_t equals = text.find('=');
     if (equals != std::string::npos) vars[text.substr(0, equals)] = text.substr(equals + 1);
   }
-  for (const std::string& name : words.unset) vars.erase(name);
-  for (const auto& [name, value] : words.assigned) vars[name] = value;
+  for (const std::string& name : command_env.unset) vars.erase(name);
+  for (const auto& [name, value] : command_env.assigned) vars[name] = value;
   return vars;
 }
 
@@ -232,9 +205,9 @@ int doctor_main(const std::vector<std::string>& args) {
   sources.conda_prefix = env("CONDA_PREFIX").value_or("");
   if (!python.empty()) sources.explicit_pythons.push_back(python);
   sources.command = command;
-  const EnvWords env_words = command_env_words(command);
+  const EnvPrefix command_env = env_prefix(command);
   if (!command.empty()) {
-    in.job = JobCommand{command, "", job_variables(env_words)};
+    in.job = JobCommand{command, "", job_variables(command_env)};
     command_interpreter(command, sources.path_env, &in.job->interpreter_why);
     // The GPUs the command will see are the ones its own environment names.
     in.env.cuda_visible_devices = lookup(in.job->variables, "CUDA_VISIBLE_DEVICES");
@@ -242,7 +215,7 @@ int doctor_main(const std::vector<std::string>& args) {
   }
   if (!no_python) {
     for (const PythonCandidate& candidate : python_candidates(sources)) {
-      in.pythons.push_back(probe_python(candidate, probe_timeout, env_words.assigned));
+      in.pythons.push_back(probe_python(candidate, probe_timeout, command_env.assigned));
     }
   }
 

@@ -69,16 +69,30 @@ std::string duration_text(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-std::string command_interpreter(const std::vector<std::string>& command, const std::string& path_env,
-                                std::string* why) {
-  size_t first = 0;
-  // `env [-u NAME] [NAME=VALUE …] python3 train.py`
-  if (!command.empty() && base_name(command[0]) == "env") {
-    static const std::set<std::string> kWithArgument = {"-u", "--unset", "-C", "--chdir"};
-    for (first = 1; first < command.size() && (command[first].rfind("-", 0) == 0 || is_assignment(command[first]));) {
-      first += kWithArgument.count(command[first]) ? 2 : 1;
+EnvPrefix env_prefix(const std::vector<std::string>& command) {
+  EnvPrefix prefix;
+  if (command.empty() || base_name(command[0]) != "env") return prefix;
+  size_t i = 1;
+  for (; i < command.size(); ++i) {
+    const std::string& word = command[i];
+    if (word == "-u" || word == "--unset") {
+      if (i + 1 < command.size()) prefix.unset.push_back(command[++i]);
+    } else if (word == "-C" || word == "--chdir") {
+      ++i;
+    } else if (is_assignment(word)) {
+      const size_t equals = word.find('=');
+      prefix.assigned[word.substr(0, equals)] = word.substr(equals + 1);
+    } else if (word.rfind("-", 0) != 0) {
+      break;  // the program
     }
   }
+  prefix.program = i;
+  return prefix;
+}
+
+std::string command_interpreter(const std::vector<std::string>& command, const std::string& path_env,
+                                std::string* why) {
+  const size_t first = env_prefix(command).program;
   if (first >= command.size()) {
     *why = "the command names no program";
     return "";

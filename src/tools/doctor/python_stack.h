@@ -65,6 +65,15 @@ struct PythonSources {
 // The frameworks the probe asks about, in report order.
 inline const std::vector<std::string> kFrameworks = {"torch", "tensorflow", "jax"};
 
+// A command's leading `env [-u NAME] [-C DIR] [NAME=VALUE …]`: what it sets and unsets, and
+// where the program it runs starts (0 for a command without `env`).
+struct EnvPrefix {
+  std::map<std::string, std::string> assigned;
+  std::vector<std::string> unset;
+  size_t program = 0;
+};
+EnvPrefix env_prefix(const std::vector<std::string>& command);
+
 // The interpreter that runs `command` ("python3 train.py", "env X=1 python3 …", "torchrun …"
 // or any script whose #! line names Python); empty when the command runs no Python that
 // can be seen. `why` says how it was found or why none was.

@@ -54,6 +54,16 @@ TEST_F(PythonStack, TheCommandsInterpreterIsFoundAsTheShellWouldRunIt) {
   EXPECT_NE(why.find("not on PATH"), std::string::npos) << why;
 }
 
+TEST(EnvPrefix, EnvsWordsAreReadAsEnvReadsThem) {
+  const EnvPrefix prefix = env_prefix(
+      {"/usr/bin/env", "-u", "OMP_NUM_THREADS", "-i", "NCCL_DEBUG=INFO", "-C", "/tmp", "A=b=c", "python3", "X=1"});
+  EXPECT_EQ(prefix.unset, std::vector<std::string>{"OMP_NUM_THREADS"});
+  EXPECT_EQ(prefix.assigned, (std::map<std::string, std::string>{{"NCCL_DEBUG", "INFO"}, {"A", "b=c"}}));
+  EXPECT_EQ(prefix.program, 8u);  // python3; its own X=1 is an argument
+  EXPECT_EQ(env_prefix({"python3", "A=1"}).program, 0u);
+  EXPECT_TRUE(env_prefix({"python3", "A=1"}).assigned.empty());
+}
+
 TEST_F(PythonStack, EachEnvironmentIsCheckedOnce) {
   PythonSources sources;
   sources.path_env = (root_ / "venv/bin").string() + ":" + path_;
