@@ -57,12 +57,6 @@ void FlatGradients::take(size_t i, const Tensor& flat) const {
   p.set_grad(Tensor());
 }
 
-Tensor FlatGradients::take_all() const {
-  const Tensor flat = empty_buffer();
-  for (size_t i = 0; i < params_.size(); ++i) take(i, flat);
-  return flat;
-}
-
 void FlatGradients::give(const Tensor& flat) const {
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_grad(view(flat, i));
 }

@@ -27,8 +27,6 @@ class FlatGradients {
 
   // Moves parameter i's .grad into its place in `flat` (zeros if it has none) and clears it.
   void take(size_t i, const Tensor& flat) const;
-  // A new buffer holding every parameter's gradient, taken out of .grad.
-  Tensor take_all() const;
   // Sets every parameter's .grad to its view of `flat`.
   void give(const Tensor& flat) const;
   // Parameter i's view of a buffer.

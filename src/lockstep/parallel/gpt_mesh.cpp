@@ -155,16 +155,16 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
       links.send(part.head_weight.grad(), 0, kTiedGradient);
       part.head_weight.set_grad(Tensor());
     }
+    std::vector<Tensor> leaf{collected.finish()};
     if (part.first() && !part.last()) {
       // The head's use of the tied weight, added to the embedding's as one device adds them.
       const Tensor head = Tensor::empty(part.head_weight.shape(), DType::f32, device_);
       links.recv(head, stages - 1, kTiedGradient);
       NoGradGuard no_grad;
-      const Tensor tied = collected.place(tied_index_);
+      const Tensor tied = gradients_->view(leaf[0], tied_index_);
       tied.copy_from(tied + head);
     }
     compute = StepClock::now();
-    std::vector<Tensor> leaf{collected.finish()};
     if (part.last()) leaf.push_back(Tensor::full({1}, slot.output.item() / weight, DType::f64));
     tree.add_leaf(std::move(leaf));
     slot = InFlight{};  // this micro-batch's activations go now

@@ -26,14 +26,12 @@ class GradientCollector {
 
   // Moves parameter i's finished gradient into its place (what the hook does).
   void take(size_t i);
-  // Parameter i's place in the buffer: to add a gradient computed elsewhere (a tied
-  // weight's other use) after backward.
-  Tensor place(size_t i) const { return layout_.view(buffer_, i); }
   // After backward: the buffer, with zeros for the parameters backward did not reach (and
   // the padding). The hooks are gone afterwards.
   Tensor finish();
 
  private:
+  Tensor place(size_t i) const { return layout_.view(buffer_, i); }
   void release();
 
   const FlatGradients& layout_;
