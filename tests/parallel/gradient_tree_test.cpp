@@ -8,6 +8,7 @@
 
 #include "comm/conformance.h"
 #include "lockstep/comm/tree_reduce.h"
+#include "lockstep/ops/ops.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -40,7 +41,7 @@ TEST(GradientTree, EveryLeafCountFoldsInTreeOrder) {
 }
 
 // The final leaf folded range by range, in any order of ranges, is the tree's sum.
-TEST(GradientTree, FinishRangeGivesTheTreesBitsRangeByRange) {
+TEST(GradientTree, FinishRangeAndFinishPartGiveTheTreesBitsRangeByRange) {
   for (int n = 1; n <= 12; ++n) {
     const int64_t count = 64;
     std::vector<std::vector<float>> columns(count);
@@ -59,15 +60,25 @@ TEST(GradientTree, FinishRangeGivesTheTreesBitsRangeByRange) {
       }
     }
     const Tensor out = Tensor::from_vector(last, {count});
-    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{40, 64}, {0, 17}, {17, 40}}) {
-      tree.finish_range(out, begin, end);
+    const std::vector<std::pair<int64_t, int64_t>> ranges{{40, 64}, {0, 17}, {17, 40}};
+    for (const auto& [begin, end] : ranges) tree.finish_range(out, begin, end);
+    // The same ranges as parts of their own, where the final leaf holds only that range
+    // (ZeRO-2's bucket buffers).
+    const Tensor parts = Tensor::zeros({count});
+    for (const auto& [begin, end] : ranges) {
+      const Tensor part =
+          Tensor::from_vector(std::vector<float>(last.begin() + begin, last.begin() + end), {end - begin});
+      tree.finish_part(part, begin);
+      slice(parts, 0, begin, end).copy_from(part);
     }
     tree.clear();
     EXPECT_EQ(tree.leaves(), 0);
     const float* got = out.data<float>();
+    const float* got_parts = parts.data<float>();
     for (int64_t i = 0; i < count; ++i) {
       const float want = reference_tree_sum(columns[i].data(), static_cast<int>(columns[i].size()));
       ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << n << " leaves, element " << i;
+      ASSERT_EQ(std::memcmp(&got_parts[i], &want, 4), 0) << n << " leaves, element " << i << " by parts";
     }
   }
 }

@@ -11,31 +11,55 @@ Tensor view_at(const Tensor& flat, const Shape& shape, int64_t offset) {
 
 }  // namespace
 
-FlatGradients::FlatGradients(std::vector<Tensor> params, int shards)
-    : params_(std::move(params)), offsets_(params_.size()) {
+FlatGradients::FlatGradients(std::vector<Tensor> params, int shards, const std::vector<size_t>& unit_sizes)
+    : params_(std::move(params)), offsets_(params_.size()), shards_(shards) {
   LOCKSTEP_CHECK(!params_.empty()) << "data parallelism needs a model with parameters";
   LOCKSTEP_CHECK(shards >= 1) << "a buffer cuts into at least one shard, got " << shards;
-  for (size_t i = params_.size(); i-- > 0;) {
-    const Tensor& p = params_[i];
-    LOCKSTEP_CHECK(p.dtype() == params_.front().dtype() && p.device() == params_.front().device())
-        << "data parallelism needs parameters of one dtype and device (their gradients travel as one buffer); "
-           "parameter "
-        << i << " is " << dtype_name(p.dtype()) << " on " << p.device().str() << ", parameter 0 "
-        << dtype_name(params_.front().dtype()) << " on " << params_.front().device().str();
-    offsets_[i] = numel_;
-    numel_ += p.numel();
+  std::vector<size_t> sizes = unit_sizes.empty() ? std::vector<size_t>{params_.size()} : unit_sizes;
+  size_t total = 0;
+  for (size_t size : sizes) {
+    LOCKSTEP_CHECK(size >= 1) << "every unit of a flat buffer holds at least one parameter";
+    total += size;
   }
-  padded_ = (numel_ + shards - 1) / shards * shards;
+  LOCKSTEP_CHECK(total == params_.size())
+      << "the units hold " << total << " parameters, the model has " << params_.size();
+  size_t next = params_.size();  // buffer order: the last parameter first
+  for (size_t size : sizes) {
+    FlatUnit unit{.begin = padded_, .end = padded_, .params = {}};
+    for (size_t k = 0; k < size; ++k) {
+      const size_t i = --next;
+      const Tensor& p = params_[i];
+      LOCKSTEP_CHECK(p.dtype() == params_.front().dtype() && p.device() == params_.front().device())
+          << "data parallelism needs parameters of one dtype and device (their gradients travel as one buffer); "
+             "parameter "
+          << i << " is " << dtype_name(p.dtype()) << " on " << p.device().str() << ", parameter 0 "
+          << dtype_name(params_.front().dtype()) << " on " << params_.front().device().str();
+      offsets_[i] = unit.end;
+      unit.end += p.numel();
+      numel_ += p.numel();
+      unit.params.push_back(i);
+    }
+    unit.params_end = unit.end;
+    unit.end = unit.begin + (unit.end - unit.begin + shards - 1) / shards * shards;
+    padded_ = unit.end;
+    units_.push_back(std::move(unit));
+  }
 }
 
 Tensor FlatGradients::empty_buffer() const {
   const Tensor flat = Tensor::empty({padded_}, params_.front().dtype(), params_.front().device());
-  if (padded_ > numel_) slice(flat, 0, numel_, padded_).zero();
+  zero_padding(flat);
   return flat;
 }
 
-Tensor FlatGradients::view(const Tensor& flat, size_t i) const {
-  return view_at(flat, params_[i].shape(), flat.offset() + offsets_[i]);
+void FlatGradients::zero_padding(const Tensor& flat) const {
+  for (const FlatUnit& unit : units_) {
+    if (unit.params_end < unit.end) slice(flat, 0, unit.params_end, unit.end).zero();
+  }
+}
+
+Tensor FlatGradients::view(const Tensor& flat, size_t i, int64_t begin) const {
+  return view_at(flat, params_[i].shape(), flat.offset() + offsets_[i] - begin);
 }
 
 Tensor FlatGradients::gather_values() const {
@@ -44,9 +68,9 @@ Tensor FlatGradients::gather_values() const {
   return flat;
 }
 
-void FlatGradients::take(size_t i, const Tensor& flat) const {
+void FlatGradients::take(size_t i, const Tensor& flat, int64_t begin) const {
   const Tensor& p = params_[i];
-  const Tensor place = view(flat, i);
+  const Tensor place = view(flat, i, begin);
   const Tensor g = p.grad();
   if (g.defined()) {
     // A gradient computed in its place (Tensor::set_grad_destination) is there already.

@@ -42,8 +42,7 @@ Tensor GradientCollector::finish() {
   for (size_t i = 0; i < taken_.size(); ++i) {
     if (!taken_[i]) place(i).zero();
   }
-  const int64_t real = layout_.numel(), padded = layout_.padded_numel();
-  if (padded > real) slice(buffer_, 0, real, padded).zero();
+  layout_.zero_padding(buffer_);
   return buffer_;
 }
 

@@ -1,6 +1,7 @@
 #include "lockstep/parallel/gradient_tree.h"
 
 #include "lockstep/comm/tree_reduce.h"
+#include "lockstep/ops/ops.h"
 
 #if LOCKSTEP_HAVE_CUDA
 #include "lockstep/autograd/cuda/add_kernels.h"
@@ -101,20 +102,31 @@ void GradientTree::add_leaf(std::vector<Tensor> leaf) {
 void GradientTree::finish_range(const Tensor& last, int64_t begin, int64_t end) const {
   LOCKSTEP_CHECK(last.is_contiguous() && begin >= 0 && begin <= end && end <= last.numel())
       << "finish_range: elements [" << begin << ", " << end << ") of a tensor of " << last.numel();
-  const size_t element = dtype_size(last.dtype());
-  char* out = static_cast<char*>(last.data_ptr()) + static_cast<size_t>(begin) * element;
-  round(last, begin, end);  // the final leaf
+  for (const Subtree& subtree : stack_) {
+    const Tensor& sum = subtree.sums.at(0);
+    LOCKSTEP_CHECK(subtree.sums.size() == 1 && sum.numel() == last.numel() && sum.dtype() == last.dtype())
+        << "finish_range needs leaves of one flat tensor like `last` (" << last.numel() << " "
+        << dtype_name(last.dtype()) << ")";
+  }
+  finish_part(slice(last, 0, begin, end), begin);
+}
+
+void GradientTree::finish_part(const Tensor& part, int64_t begin) const {
+  LOCKSTEP_CHECK(part.is_contiguous() && begin >= 0) << "finish_part: a contiguous part starting at element >= 0";
+  const size_t element = dtype_size(part.dtype());
+  const int64_t count = part.numel();
+  round(part, 0, count);  // the final leaf
   // The counter's merges and finish() both fold the subtrees from the right: S0 + (S1 + ...
   // (Sm + last)), each addition with the earlier samples on the left.
   for (size_t i = stack_.size(); i-- > 0;) {
     const Tensor& sum = stack_[i].sums.at(0);
-    LOCKSTEP_CHECK(stack_[i].sums.size() == 1 && sum.numel() == last.numel() && sum.dtype() == last.dtype())
-        << "finish_range needs leaves of one flat tensor like `last` (" << last.numel() << " "
-        << dtype_name(last.dtype()) << ")";
-    check_same_place(sum, last, 0);
-    add_pair(static_cast<const char*>(sum.data_ptr()) + static_cast<size_t>(begin) * element, out, out, end - begin,
-             last.dtype(), last.device());
-    round(last, begin, end);
+    LOCKSTEP_CHECK(stack_[i].sums.size() == 1 && begin + count <= sum.numel() && sum.dtype() == part.dtype())
+        << "finish_part needs leaves of one flat " << dtype_name(part.dtype()) << " tensor holding elements [" << begin
+        << ", " << begin + count << ")";
+    check_same_place(sum, part, 0);
+    add_pair(static_cast<const char*>(sum.data_ptr()) + static_cast<size_t>(begin) * element, part.data_ptr(),
+             part.data_ptr(), count, part.dtype(), part.device());
+    round(part, 0, count);
   }
 }
 

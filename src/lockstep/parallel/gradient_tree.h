@@ -35,6 +35,9 @@ class GradientTree {
   // reduces each bucket of the final micro-batch this way while backward still computes
   // the others. clear() once every range is done.
   void finish_range(const Tensor& last, int64_t begin, int64_t end) const;
+  // The same where only that range of the final leaf exists: `part` holds elements
+  // [begin, begin + part.numel()) of it (ZeRO-2 keeps one bucket's gradients at a time).
+  void finish_part(const Tensor& part, int64_t begin) const;
   void clear();
 
  private:
