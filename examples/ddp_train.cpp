@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
         },
         comm,
         // The loss: one cross-entropy per sample of the batch's fields.
-        {.loss = parallel::classification_loss("image", "label"), .micro_batch = kMicroBatch, .zero1 = false});
+        {.loss = parallel::classification_loss("image", "label"), .micro_batch = kMicroBatch, .zero_stage = 0});
 
     // Every rank reads the same global batches (one order per seed and epoch) and trains on
     // its contiguous share of each.

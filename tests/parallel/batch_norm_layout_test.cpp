@@ -65,11 +65,12 @@ std::vector<std::string> train_dp(int devices) {
   return state_bits(dp.model());
 }
 
-std::vector<std::vector<std::string>> train_ddp(int ranks, bool zero1) {
+std::vector<std::vector<std::string>> train_ddp(int ranks, int zero_stage) {
   std::vector<std::vector<std::string>> out(static_cast<size_t>(ranks));
   const auto errors = run_ranks(ranks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto model = std::make_shared<BatchNormNet>();
-    DistributedDataParallel ddp(model, sgd, comm, {.loss = classification(), .micro_batch = kMicro, .zero1 = zero1});
+    DistributedDataParallel ddp(model, sgd, comm,
+                                {.loss = classification(), .micro_batch = kMicro, .zero_stage = zero_stage});
     for (int s = 0; s < kSteps; ++s)
       train_step(ddp, synthetic(kBatch, static_cast<uint64_t>(s)), s * kBatch, static_cast<uint64_t>(s));
     out[static_cast<size_t>(rank)] = state_bits(*model);
@@ -83,10 +84,11 @@ TEST(DataParallelBatchNorm, WeightsAndRunningStatisticsHaveTheSameBitsOnEveryLay
   EXPECT_NE(one, state_bits(BatchNormNet())) << "training changed nothing";
   for (int devices : {2, 4}) EXPECT_EQ(train_dp(devices), one) << "dp " << devices;
   for (int ranks : {2, 4}) {
-    for (bool zero1 : {false, true}) {
-      const auto ranks_state = train_ddp(ranks, zero1);
+    for (int zero_stage : {0, 1, 2}) {
+      const auto ranks_state = train_ddp(ranks, zero_stage);
       for (int r = 0; r < ranks; ++r)
-        EXPECT_EQ(ranks_state[static_cast<size_t>(r)], one) << (zero1 ? "zero1 " : "ddp ") << ranks << ", rank " << r;
+        EXPECT_EQ(ranks_state[static_cast<size_t>(r)], one)
+            << "zero stage " << zero_stage << ", " << ranks << ", rank " << r;
     }
   }
 }

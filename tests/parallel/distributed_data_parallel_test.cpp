@@ -18,6 +18,7 @@
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/parallel/data_parallel.h"
+#include "parallel/ddp_testing.h"
 #include "parallel/rank_threads.h"
 #include "parallel/step_testing.h"
 
@@ -25,45 +26,8 @@ namespace lockstep::parallel {
 namespace {
 
 using namespace step_testing;
+using namespace ddp_testing;
 using rank_threads::run_ranks;
-
-std::unique_ptr<optim::Optimizer> sgd(std::vector<Tensor> params) {
-  return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
-}
-
-// `steps` DDP steps of a global batch on `ranks` ranks; every rank's final weights. Each
-// rank builds its model from its own seed: the broadcast must make them rank 0's.
-std::vector<Weights> train_ddp(const std::string& model_name, int ranks, int64_t batch, int64_t micro, int steps,
-                               DistributedDataParallelOptions options = {}) {
-  options.loss = classification();
-  options.micro_batch = micro;
-  std::vector<Weights> out(static_cast<size_t>(ranks));
-  const auto errors = run_ranks(ranks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
-    auto model = nn::make_model(model_name, kSeed + static_cast<uint64_t>(rank));
-    DistributedDataParallel ddp(model, sgd, comm, options);
-    const int64_t share = batch / ranks;
-    for (int s = 0; s < steps; ++s) {
-      const Data data = synthetic(batch, static_cast<uint64_t>(s));
-      // The share as a program that loads only its own rows would pass it.
-      ddp.step_on_share(as_batch(data).slice(rank * share, share),
-                        {.seed = kSeed, .step = static_cast<uint64_t>(s), .first_sample = s * batch + rank * share});
-    }
-    out[static_cast<size_t>(rank)] = weights(*model);
-  });
-  for (const std::string& e : errors) EXPECT_EQ(e, "");
-  return out;
-}
-
-Weights train_dp(const std::string& model_name, int devices, int64_t batch, int64_t micro, int steps) {
-  DataParallel dp(
-      {.loss = classification(), .devices = devices, .micro_batch = micro},
-      [&](int) { return nn::make_model(model_name, kSeed); }, sgd);
-  for (int s = 0; s < steps; ++s) {
-    const Data data = synthetic(batch, static_cast<uint64_t>(s));
-    train_step(dp, data, s * batch, static_cast<uint64_t>(s));
-  }
-  return weights(dp.replica(0));
-}
 
 TEST(DistributedDataParallel, SameBitsAsDataParallelAndOneDevice) {
   const Weights one = train_dp("mlp", 1, 32, 4, 3);
@@ -104,9 +68,10 @@ TEST(DistributedDataParallel, BfloatGradientsKeepTheBitsOnEveryRankCount) {
 TEST(DistributedDataParallel, BfloatGradientsRefuseWhatTheyCannotDo) {
   const auto errors = run_ranks(2, [&](int, std::shared_ptr<comm::Communicator> comm) {
     DistributedDataParallel ddp(nn::make_model("mlp", kSeed), sgd, comm,
-                                {.loss = classification(), .zero1 = true, .gradient_dtype = DType::bf16});
+                                {.loss = classification(), .zero_stage = 1, .gradient_dtype = DType::bf16});
   });
-  for (const std::string& e : errors) EXPECT_NE(e.find("not supported with ZeRO-1"), std::string::npos) << e;
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("not supported with ZeRO yet: use zero_stage 0"), std::string::npos) << e;
 }
 
 // Local SGD on one rank is plain ddp: its averaging of one replica changes nothing.
@@ -189,35 +154,6 @@ TEST(DistributedDataParallel, PowerSgdKeepsTheReplicasEqual) {
   EXPECT_TRUE(same_bits(compressed[0], compressed[1]));
   EXPECT_FALSE(same_bits(compressed[0], train_ddp("mlp", 2, 32, 4, 4)[0]));
   EXPECT_TRUE(same_bits(train_ddp("mlp", 2, 32, 4, 1, powersgd)[0], train_ddp("mlp", 2, 32, 4, 1)[0]));
-}
-
-TEST(DistributedDataParallel, ZeroOneGivesTheSameBits) {
-  const Weights one = train_dp("mlp", 1, 32, 4, 3);
-  const auto sharded = train_ddp("mlp", 4, 32, 4, 3, {.zero1 = true});
-  for (int r = 0; r < 4; ++r) EXPECT_TRUE(same_bits(sharded[static_cast<size_t>(r)], one)) << "rank " << r;
-}
-
-// For a checkpoint, ZeRO-1's state is assembled on one rank only: there it is the state
-// every rank would gather, bit for bit; the others send their shards and hold nothing.
-TEST(DistributedDataParallel, ZeroOneAssemblesTheCheckpointsStateOnOneRank) {
-  constexpr int kRanks = 4;
-  std::vector<NamedTensors> gathered(kRanks), on_root(kRanks);
-  const auto errors = run_ranks(kRanks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
-    auto model = nn::make_model("mlp", kSeed);
-    DistributedDataParallel ddp(model, sgd, comm, {.loss = classification(), .micro_batch = 4, .zero1 = true});
-    for (int s = 0; s < 2; ++s)
-      train_step(ddp, synthetic(16, static_cast<uint64_t>(s)), s * 16, static_cast<uint64_t>(s));
-    gathered[static_cast<size_t>(rank)] = ddp.optimizer_state();
-    on_root[static_cast<size_t>(rank)] = ddp.optimizer_state_on(1);
-  });
-  for (const std::string& e : errors) ASSERT_EQ(e, "");
-  ASSERT_EQ(on_root[1].size(), gathered[1].size());
-  ASSERT_FALSE(gathered[1].empty());
-  for (size_t i = 0; i < gathered[1].size(); ++i) {
-    EXPECT_EQ(on_root[1][i].first, gathered[1][i].first);
-    EXPECT_EQ(on_root[1][i].second.to_vector<float>(), gathered[1][i].second.to_vector<float>()) << on_root[1][i].first;
-  }
-  for (int rank : {0, 2, 3}) EXPECT_TRUE(on_root[static_cast<size_t>(rank)].empty()) << "rank " << rank;
 }
 
 TEST(DistributedDataParallel, BucketsCoverTheParametersInBackwardOrder) {

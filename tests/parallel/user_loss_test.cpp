@@ -71,11 +71,11 @@ Weights train_dp(int devices, const LossFunction& loss) {
   return weights(dp.model());
 }
 
-std::vector<Weights> train_ddp(int ranks, const LossFunction& loss, bool zero1) {
+std::vector<Weights> train_ddp(int ranks, const LossFunction& loss, int zero_stage) {
   std::vector<Weights> out(static_cast<size_t>(ranks));
   const auto errors = run_ranks(ranks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto model = std::make_shared<TwoInputRegression>(kSeed + static_cast<uint64_t>(rank));
-    DistributedDataParallel ddp(model, adamw, comm, {.loss = loss, .micro_batch = kMicro, .zero1 = zero1});
+    DistributedDataParallel ddp(model, adamw, comm, {.loss = loss, .micro_batch = kMicro, .zero_stage = zero_stage});
     for (int s = 0; s < kSteps; ++s)
       ddp.step(regression_batch(kBatch, static_cast<uint64_t>(s)),
                {.seed = kSeed, .step = static_cast<uint64_t>(s), .first_sample = s * kBatch});
@@ -94,11 +94,11 @@ TEST(DataParallelUserLoss, TwoInputMseModelHasTheSameBitsOnEveryLayout) {
     EXPECT_FALSE(same_bits(one, start)) << name << ": training changed nothing";
     for (int devices : {2, 4}) EXPECT_TRUE(same_bits(train_dp(devices, loss), one)) << name << ", dp " << devices;
     for (int ranks : {1, 2, 4}) {
-      for (bool zero1 : {false, true}) {
-        const std::vector<Weights> ranks_weights = train_ddp(ranks, loss, zero1);
+      for (int zero_stage : {0, 1, 2}) {
+        const std::vector<Weights> ranks_weights = train_ddp(ranks, loss, zero_stage);
         for (int r = 0; r < ranks; ++r)
           EXPECT_TRUE(same_bits(ranks_weights[static_cast<size_t>(r)], one))
-              << name << (zero1 ? ", zero1 " : ", ddp ") << ranks << " ranks, rank " << r;
+              << name << ", zero stage " << zero_stage << ", " << ranks << " ranks, rank " << r;
       }
     }
   }

@@ -1,5 +1,6 @@
 #include "lockstep/parallel/distributed_data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -11,23 +12,28 @@ namespace {
 
 // Buckets over the parameters in reverse order (backward's order), each closed once it
 // holds `limit` bytes: the first with first_limit, so the first all-reduce starts early.
-std::vector<GradientBucket> plan_buckets(const FlatGradients& gradients, int64_t first_limit, int64_t limit) {
-  const std::vector<Tensor>& params = gradients.params();
+// The parameter count of each, for FlatGradients' units.
+std::vector<size_t> plan_buckets(const std::vector<Tensor>& params, int64_t first_limit, int64_t limit) {
+  std::vector<size_t> sizes;
+  if (params.empty()) return sizes;  // FlatGradients names the problem
   const int64_t element = static_cast<int64_t>(dtype_size(params.front().dtype()));
-  std::vector<GradientBucket> buckets;
-  GradientBucket current;
+  size_t count = 0;
+  int64_t bytes = 0;
   for (size_t i = params.size(); i-- > 0;) {
-    current.params.push_back(i);
-    current.end = gradients.offset(i) + params[i].numel();
-    const int64_t cap = buckets.empty() ? first_limit : limit;
-    if ((current.end - current.begin) * element >= cap) {
-      buckets.push_back(current);
-      current = GradientBucket{.begin = current.end, .end = current.end, .params = {}};
+    ++count;
+    bytes += params[i].numel() * element;
+    if (bytes >= (sizes.empty() ? first_limit : limit)) {
+      sizes.push_back(count);
+      count = 0;
+      bytes = 0;
     }
   }
-  if (!current.params.empty()) buckets.push_back(current);
-  return buckets;
+  if (count > 0) sizes.push_back(count);
+  return sizes;
 }
+
+// ZeRO-2: reduce-scatters a rank lets run before it waits for the oldest.
+constexpr size_t kBucketsInFlight = 2;
 
 }  // namespace
 
@@ -38,7 +44,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(options),
-      gradients_(model_->parameters(), comm_->size()),
+      gradients_(model_->parameters(), comm_->size(),
+                 plan_buckets(model_->parameters(), options.first_bucket_bytes, options.bucket_bytes)),
       statistics_(*model_),
       tree_(options.gradient_dtype) {
   check_loss_function("DistributedDataParallel", options.loss);
@@ -47,28 +54,31 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   LOCKSTEP_CHECK(options.bucket_bytes >= 1 && options.first_bucket_bytes >= 1)
       << "bucket sizes must be at least one byte, got " << options.first_bucket_bytes << " (first) and "
       << options.bucket_bytes;
+  LOCKSTEP_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2)
+      << "ZeRO stage " << options.zero_stage
+      << " does not exist here: 0 (none), 1 (optimizer state) or 2 (optimizer state and gradients)";
   // Every rank starts from rank 0's weights and buffers.
   for (const auto& [name, tensor] : model_->state_dict()) comm_->broadcast(tensor, 0);
   check_precision(options.precision, gradients_.params().front().device());
-  LOCKSTEP_CHECK(!(options.zero1 && options.precision == DType::f16))
-      << "f16 with ZeRO-1 is not supported yet: use bf16 (no loss scale needed) or --strategy ddp";
+  LOCKSTEP_CHECK(!(options.zero_stage > 0 && options.precision == DType::f16))
+      << "f16 with ZeRO is not supported yet: use bf16 (no loss scale needed) or zero_stage 0";
   if (options.precision == DType::f16) scaler_.emplace();
   LOCKSTEP_CHECK(options.gradient_dtype == DType::f32 || options.gradient_dtype == DType::bf16)
       << "gradients cross between ranks in f32 or bf16, not " << dtype_name(options.gradient_dtype);
   LOCKSTEP_CHECK(options.sync_every >= 1) << "sync_every must be at least 1, got " << options.sync_every;
-  LOCKSTEP_CHECK(options.sync_every == 1 || (!options.zero1 && options.gradient_dtype == DType::f32))
+  LOCKSTEP_CHECK(options.sync_every == 1 || (options.zero_stage == 0 && options.gradient_dtype == DType::f32))
       << "local SGD (sync_every " << options.sync_every
-      << ") sends no gradients: it combines with neither ZeRO-1 nor bf16 gradients";
+      << ") sends no gradients: it combines with neither ZeRO nor bf16 gradients";
   if (options.powersgd_rank != 0) {
     LOCKSTEP_CHECK(options.powersgd_rank > 0 && options.powersgd_start_step >= 0)
         << "PowerSGD needs a rank of at least 1 and a start step of 0 or more, got rank " << options.powersgd_rank
         << " from step " << options.powersgd_start_step;
-    LOCKSTEP_CHECK(!options.zero1 && options.sync_every == 1 && options.gradient_dtype == DType::f32)
-        << "PowerSGD combines with neither ZeRO-1, local SGD nor bf16 gradients: give one of them";
+    LOCKSTEP_CHECK(options.zero_stage == 0 && options.sync_every == 1 && options.gradient_dtype == DType::f32)
+        << "PowerSGD combines with neither ZeRO, local SGD nor bf16 gradients: give one of them";
     powersgd_ = std::make_unique<PowerSgd>(gradients_, options.powersgd_rank, /*seed=*/0);
   }
   if (options.gradient_dtype != DType::f32) {
-    LOCKSTEP_CHECK(!options.zero1) << "bf16 gradients are not supported with ZeRO-1 yet: use --strategy ddp";
+    LOCKSTEP_CHECK(options.zero_stage == 0) << "bf16 gradients are not supported with ZeRO yet: use zero_stage 0";
     LOCKSTEP_CHECK(gradients_.params().front().device().is_cpu() && gradients_.params().front().dtype() == DType::f32)
         << "bf16 gradients need f32 parameters on CPU devices for now, got "
         << dtype_name(gradients_.params().front().dtype()) << " on " << gradients_.params().front().device();
@@ -76,22 +86,24 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   // Ranks that share host memory keep one copy of the weights and shard the optimizer
   // (f16's loss scaler needs every rank to see every sum, and runs on GPUs only anyway).
   // Local SGD's replicas differ between averagings, so each keeps its own copy.
-  const bool common =
-      comm_->shares_memory() && gradients_.params().front().device().is_cpu() && !scaler_ && !local_sgd();
-  if (options.zero1 || common) {
-    sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer);
+  const bool common = options.share_weights && comm_->shares_memory() &&
+                      gradients_.params().front().device().is_cpu() && !scaler_ && !local_sgd();
+  if (options.zero_stage > 0 || common) {
+    sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer, common);
   } else {
     optimizer_ = make_optimizer(model_->parameters());
   }
 
   // The final micro-batch's gradients are reduced where they lie: in memory the peers can
   // read (shared memory under `shm`), allocated once, so the all-reduce needs no staging copy.
+  // ZeRO-2 instead makes each bucket's buffer as backward reaches it.
   const Tensor sample = gradients_.params().front();
-  reduced_ = comm_->empty_shared({gradients_.padded_numel()}, sample.dtype(), sample.device());
+  if (options.zero_stage < 2)
+    reduced_ = comm_->empty_shared({gradients_.padded_numel()}, sample.dtype(), sample.device());
   if (options.gradient_dtype != sample.dtype()) {
     wire_ = comm_->empty_shared({gradients_.padded_numel()}, options.gradient_dtype, sample.device());
   }
-  buckets_ = plan_buckets(gradients_, options.first_bucket_bytes, options.bucket_bytes);
+  buckets_ = gradients_.units();
   bucket_of_.resize(gradients_.params().size());
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (size_t p : buckets_[b].params) bucket_of_[p] = b;
@@ -102,6 +114,31 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (const Tensor& p : gradients_.params()) p.set_post_accumulate_grad_hook(nullptr);
+}
+
+void DistributedDataParallel::load_model_state(const NamedTensors& state) {
+  if (!sharded_ || !sharded_->common_weights()) {
+    model_->load_state_dict(state);
+    return;
+  }
+  // One copy of the weights serves every rank: rank 0 writes it, the others load only their
+  // buffers (their parameters' entries become the copy itself, which loading leaves as it
+  // is), and no rank computes with it before it is written.
+  NamedTensors own = state;
+  if (comm_->rank() != 0) {
+    const NamedTensors params = model_->named_parameters();
+    for (auto& [name, tensor] : own) {
+      const auto param = std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
+      if (param != params.end()) tensor = param->second;
+    }
+  }
+  try {
+    model_->load_state_dict(own);
+  } catch (const std::exception& error) {
+    comm_->abort("rank " + std::to_string(comm_->rank()) + ": " + error.what());
+    throw;
+  }
+  comm_->barrier();
 }
 
 void DistributedDataParallel::set_lr(double lr) {
@@ -193,10 +230,40 @@ int64_t DistributedDataParallel::optimizer_state_bytes() const {
 void DistributedDataParallel::on_gradient_ready(size_t param) {
   if (accumulating_) accumulating_->take(param);
   if (!collecting_ || taken_[param]) return;
-  gradients_.take(param, last_leaf_);
+  const size_t bucket = bucket_of_[param];
+  if (options_.zero_stage == 2) {
+    gradients_.take(param, bucket_buffer(bucket), buckets_[bucket].begin);
+  } else {
+    gradients_.take(param, last_leaf_);
+  }
   taken_[param] = true;
-  --missing_[bucket_of_[param]];
-  if (!options_.zero1 && !hold_buckets_) start_ready_buckets();  // zero1 reduce-scatters after backward
+  --missing_[bucket];
+  if (options_.zero_stage != 1 && !hold_buckets_) start_ready_buckets();  // ZeRO-1 reduce-scatters after backward
+}
+
+const Tensor& DistributedDataParallel::bucket_buffer(size_t b) {
+  release_sent_buckets();
+  Tensor& buffer = bucket_buffers_[b];
+  if (buffer.defined()) return buffer;
+  const GradientBucket& bucket = buckets_[b];
+  const Tensor& sample = gradients_.params().front();
+  buffer = Tensor::empty({bucket.end - bucket.begin}, sample.dtype(), sample.device());
+  if (bucket.params_end < bucket.end)
+    slice(buffer, 0, bucket.params_end - bucket.begin, bucket.end - bucket.begin).zero();
+  for (size_t p : bucket.params)
+    if (!taken_[p]) gradients_.params()[p].set_grad_destination(gradients_.view(buffer, p, bucket.begin));
+  return buffer;
+}
+
+void DistributedDataParallel::release_sent_buckets() {
+  while (released_ < sending_.size() && works_[released_].done()) sending_[released_++] = Tensor();
+}
+
+void DistributedDataParallel::wait_for_collectives() {
+  for (const comm::Work& work : works_) work.wait();
+  works_.clear();
+  sending_.clear();
+  released_ = 0;
 }
 
 void DistributedDataParallel::clear_grad_destinations() {
@@ -205,7 +272,26 @@ void DistributedDataParallel::clear_grad_destinations() {
 
 void DistributedDataParallel::start_ready_buckets() {
   while (next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0) {
-    const GradientBucket& bucket = buckets_[next_bucket_++];
+    const size_t b = next_bucket_++;
+    const GradientBucket& bucket = buckets_[b];
+    if (options_.zero_stage == 2) {
+      // This rank's subtree over the bucket, then its part of the tree's top across ranks
+      // into the shard; the bucket is released once sent.
+      Tensor buffer = std::move(bucket_buffers_[b]);
+      for (size_t p : bucket.params) gradients_.params()[p].set_grad_destination(Tensor());
+      tree_.finish_part(buffer, bucket.begin);
+      const int64_t at = ShardedOptimizer::shard_offset(bucket, comm_->size());
+      works_.push_back(
+          comm_->reduce_scatter_async(buffer, slice(grad_shard_, 0, at, at + bucket.shard_size(comm_->size()))));
+      sending_.push_back(std::move(buffer));
+      // Two buckets in flight at most: a rank ahead of its peers waits for them here rather
+      // than hold every bucket it fills (DeepSpeed bounds stage 2's buckets alike).
+      while (sending_.size() - released_ > kBucketsInFlight) {
+        works_[released_].wait();
+        sending_[released_++] = Tensor();
+      }
+      continue;
+    }
     // This rank's subtree over the bucket's range, then the tree's top across ranks.
     tree_.finish_range(last_leaf_, bucket.begin, bucket.end);
     if (!wire_.defined()) {
@@ -218,6 +304,11 @@ void DistributedDataParallel::start_ready_buckets() {
     convert_elements(slice(last_leaf_, 0, bucket.begin, bucket.end).data_ptr(), last_leaf_.dtype(), wire.data_ptr(),
                      wire.dtype(), wire.numel());
     works_.push_back(comm_->all_reduce_async(wire, comm::ReduceOp::rounded_sum));
+  }
+  if (options_.zero_stage == 2) {
+    // The next buckets' buffers exist before backward reaches them, so their linear layers
+    // compute their weights' gradients in place.
+    for (size_t b = next_bucket_; b < std::min(next_bucket_ + 2, buckets_.size()); ++b) bucket_buffer(b);
   }
 }
 
@@ -252,11 +343,15 @@ StepResult DistributedDataParallel::step_on_share(const TensorBatch& share, cons
     clear_grad_destinations();
     for (const comm::Work& work : works_) {
       try {
-        work.wait();  // none may still read last_leaf_
+        work.wait();  // none may still read last_leaf_ or a bucket
       } catch (const std::exception&) {
       }
     }
     works_.clear();
+    sending_.clear();
+    released_ = 0;
+    bucket_buffers_.clear();
+    grad_shard_ = Tensor();
     tree_.clear();
     comm_->abort("rank " + std::to_string(comm_->rank()) + ": " + error.what());
     throw;
@@ -286,18 +381,23 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   for (int64_t first = 0; first < local; first += micro) {
     const bool last = first + micro == local;
     if (last) {
-      last_leaf_ = reduced_;
-      const int64_t real = gradients_.numel(), padded = gradients_.padded_numel();
-      if (padded > real) slice(last_leaf_, 0, real, padded).zero();  // ZeRO's padding
       taken_.assign(gradients_.params().size(), false);
       missing_.clear();
       for (const GradientBucket& bucket : buckets_) missing_.push_back(bucket.params.size());
       next_bucket_ = 0;
       collecting_ = true;
-      // Ops that can compute a weight's gradient straight into its place in the bucket
-      // (linear layers), so the hook has nothing to copy.
-      for (size_t i = 0; i < gradients_.params().size(); ++i)
-        gradients_.params()[i].set_grad_destination(gradients_.view(last_leaf_, i));
+      if (options_.zero_stage == 2) {
+        grad_shard_ = Tensor::empty({sharded_->shard_size()}, gradients_.params().front().dtype(), device);
+        bucket_buffers_.assign(buckets_.size(), Tensor());
+        for (size_t b = 0; b < std::min<size_t>(2, buckets_.size()); ++b) bucket_buffer(b);
+      } else {
+        last_leaf_ = reduced_;
+        gradients_.zero_padding(last_leaf_);  // the units' padding
+        // Ops that can compute a weight's gradient straight into its place in the bucket
+        // (linear layers), so the hook has nothing to copy.
+        for (size_t i = 0; i < gradients_.params().size(); ++i)
+          gradients_.params()[i].set_grad_destination(gradients_.view(last_leaf_, i));
+      }
     }
     // The earlier micro-batches' gradients go straight into a buffer of their own, leaf of
     // the rank's subtree (no .grad beside it).
@@ -317,10 +417,16 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   clear_grad_destinations();
   for (size_t i = 0; i < gradients_.params().size(); ++i) {
     if (taken_[i]) continue;
-    gradients_.take(i, last_leaf_);
-    --missing_[bucket_of_[i]];
+    const size_t bucket = bucket_of_[i];
+    if (options_.zero_stage == 2) {
+      gradients_.take(i, bucket_buffer(bucket), buckets_[bucket].begin);
+    } else {
+      gradients_.take(i, last_leaf_);
+    }
+    taken_[i] = true;
+    --missing_[bucket];
   }
-  if (options_.zero1 || hold_buckets_) {
+  if (options_.zero_stage == 1 || hold_buckets_) {
     tree_.finish_range(last_leaf_, 0, last_leaf_.numel());
     if (compress) {
       const comm::FlightPhase phase("PowerSGD");
@@ -332,8 +438,8 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   times.compute = seconds_since(start);
 
   start = StepClock::now();
-  for (const comm::Work& work : works_) work.wait();
-  works_.clear();
+  wait_for_collectives();
+  bucket_buffers_.clear();
   tree_.clear();
   unpack_wire();
   const std::vector<Tensor> folded = losses.finish();
@@ -349,7 +455,10 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   }
   times.communicate = seconds_since(start);
   if (sharded_) {
-    if (options_.zero1) {
+    if (options_.zero_stage == 2) {
+      sharded_->step_shard(grad_shard_, times);
+      grad_shard_ = Tensor();
+    } else if (options_.zero_stage == 1) {
       const comm::FlightPhase phase("optimizer");
       sharded_->step(last_leaf_, times);
     } else {

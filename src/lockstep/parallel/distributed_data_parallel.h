@@ -11,13 +11,23 @@
 //   overlapping communication with the rest of backward. Buckets start in order on every
 //   rank; parameters that got no gradient count as zeros;
 // - then the loss is reduced and the optimizer steps;
-// - with zero1 (ZeRO stage 1) the optimizer state is sharded (sharded_optimizer.h): after
-//   backward the gradients are reduce-scattered in one call (no buckets yet), each rank
-//   steps its shard, and the weights are all-gathered;
+// - ZeRO (sharded_optimizer.h) shards the optimizer state: every bucket is cut into equal
+//   parts, one per rank, and each rank steps its part of every bucket, then the weights are
+//   all-gathered bucket by bucket. Stage 1 keeps the final micro-batch's full gradient
+//   buffer and reduce-scatters it after backward. Stage 2 keeps a few buckets of it: each
+//   bucket is reduce-scattered the moment backward completes it (overlapped, as the
+//   all-reduce is) and freed once sent — two in flight at most, the next two made ahead —
+//   so a rank holds 1/N of the reduced gradients. The tree is the same, so are the bits;
 // - ranks that share memory (`shm` processes, `local` threads) on CPU devices keep one copy
-//   of the weights, and each steps only its shard of them after the all-reduce (ZeRO-1's
+//   of the weights, and each steps only its parts of them after the all-reduce (ZeRO's
 //   sharding, with the buckets' overlap kept and nothing to gather), so no rank repeats the
-//   optimizer; with zero1 as well, a barrier takes the all-gather's place.
+//   optimizer; with ZeRO as well, a barrier takes the all-gather's place (share_weights).
+//
+// The earlier micro-batches of a rank's run are folded locally into full-size partial sums
+// under every stage: the rank's subtree of the step's tree must be complete before any of it
+// crosses to another rank, which is what keeps the bits (DeepSpeed's stage 2 instead
+// reduce-scatters every micro-batch). One micro-batch per rank is where stage 2 saves the
+// most.
 // The weights are the bits DataParallel gives on as many devices, and one device gives.
 #pragma once
 
@@ -46,7 +56,13 @@ struct DistributedDataParallelOptions {
   int64_t micro_batch = 1;                   // samples per micro-batch: the leaf of the step's tree
   int64_t bucket_bytes = int64_t{25} << 20;  // gradient bytes per all-reduce (PyTorch's bucket_cap_mb)
   int64_t first_bucket_bytes = int64_t{1} << 20;
-  bool zero1 = false;  // shard the optimizer state across the ranks
+  // ZeRO: 1 shards the optimizer state across the ranks, 2 the reduced gradients as well.
+  int zero_stage = 0;
+  // Ranks that share host memory (`shm` processes, `local` threads) on CPU devices keep one
+  // copy of the weights, and each steps its parts of it. false: each rank keeps its own, as
+  // GPU ranks do — for ranks on different NUMA nodes, which would otherwise read the one
+  // copy across the socket link.
+  bool share_weights = true;
   // GPU ranks: the type matrix products read (bf16, f16; core/autocast.h); f16 also scales
   // the loss (optim/loss_scaler.h) and skips steps whose gradients overflow.
   DType precision = DType::f32;
@@ -54,34 +70,32 @@ struct DistributedDataParallelOptions {
   // link. Under bf16 every node of the step's tree — each micro-batch's gradients, each
   // partial sum, on a rank and across ranks (comm's rounded_sum) — is rounded to bf16, so
   // the weights still do not depend on the rank count; they differ from f32's. CPU devices,
-  // without zero1.
+  // without ZeRO.
   DType gradient_dtype = DType::f32;
   // Local SGD: above 1, each rank steps its own optimizer on its own share's gradients (the
   // share's mean, nothing communicated), and after every sync_every-th step of the run the
   // ranks' weights, buffers and optimizer state are averaged in the tree's order (one
   // all-reduce each). The weights then depend on the rank count (each replica follows its
   // own data between averagings), never on hosts, placement or a resume; one rank gives
-  // plain ddp's bits. Not with zero1 or a bf16 gradient_dtype.
+  // plain ddp's bits. Not with ZeRO or a bf16 gradient_dtype.
   int64_t sync_every = 1;
   // PowerSGD (powersgd.h): gradients cross as rank-`powersgd_rank` approximations with error
   // feedback from step `powersgd_start_step` of the run on (plain all-reduces before: the
   // warm-up PyTorch's start_powerSGD_iter gives); 0: off. Replicas stay equal; the weights
-  // depend on the rank count. CPU devices, without zero1, local SGD or bf16 gradients.
+  // depend on the rank count. CPU devices, without ZeRO, local SGD or bf16 gradients.
   int powersgd_rank = 0;
   int64_t powersgd_start_step = 10;
 };
 
-// A contiguous range of the flat gradient buffer, reduced by one all-reduce.
-struct GradientBucket {
-  int64_t begin = 0, end = 0;  // elements
-  std::vector<size_t> params;  // indices into model.parameters()
-};
+// A contiguous range of the flat gradient buffer, reduced by one collective: a unit of the
+// buffer (flat_gradients.h), padded to a multiple of the rank count.
+using GradientBucket = FlatUnit;
 
 class DistributedDataParallel final : public Layout {
  public:
   // model: this rank's replica; make_optimizer(params): an elementwise optimizer (SGD,
-  // AdamW) over the model's parameters, or over this rank's flat shard of them (zero1, or
-  // ranks that share memory).
+  // AdamW) over the model's parameters, or over this rank's parts of the flat buffer (ZeRO,
+  // or ranks that share memory).
   // The communicator's ranks are the devices. Collective (rank 0's weights are broadcast).
   DistributedDataParallel(std::shared_ptr<nn::Module> model, const OptimizerFactory& make_optimizer,
                           std::shared_ptr<comm::Communicator> comm, const DistributedDataParallelOptions& options);
@@ -99,7 +113,8 @@ class DistributedDataParallel final : public Layout {
   StepResult step_on_share(const TensorBatch& share, const StepContext& context);
 
   nn::Module& model() override { return *model_; }
-  void load_model_state(const NamedTensors& state) override { model_->load_state_dict(state); }
+  // Collective where the ranks share one copy of the weights.
+  void load_model_state(const NamedTensors& state) override;
   std::vector<Device> local_devices() const override;
   int64_t max_over_processes(int64_t value) override;
   void give_up(const std::string& reason) override;
@@ -109,11 +124,11 @@ class DistributedDataParallel final : public Layout {
   void set_lr(double lr) override;
   double lr() const override;
   // The optimizer state as one unsharded optimizer over the parameters holds it (under
-  // zero1 gathered from every rank: collective), and its loading.
+  // ZeRO gathered from every rank: collective), and its loading.
   NamedTensors optimizer_state() override;
   void load_optimizer_state(const NamedTensors& state) override;
   NamedTensors optimizer_state_on(int root) override;
-  // Bytes of optimizer state this rank holds (1/size() of the whole under zero1).
+  // Bytes of optimizer state this rank holds (1/size() of the whole under ZeRO).
   int64_t optimizer_state_bytes() const;
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
 
@@ -122,6 +137,11 @@ class DistributedDataParallel final : public Layout {
   void on_gradient_ready(size_t param);
   void clear_grad_destinations();  // those backward did not reach keep none for later
   void start_ready_buckets();
+  // ZeRO-2: bucket b's buffer, made (padding zeroed, its weights' gradient destinations
+  // set) if it does not exist yet; buffers whose reduce-scatter is done are released.
+  const Tensor& bucket_buffer(size_t b);
+  void release_sent_buckets();
+  void wait_for_collectives();
   void unpack_wire();  // the reduced bf16 buckets back into last_leaf_
   bool local_sgd() const { return options_.sync_every > 1; }
   // Plain ddp's state, and PowerSGD's added to it: gathered on root, or on every rank (-1).
@@ -136,24 +156,28 @@ class DistributedDataParallel final : public Layout {
   FlatGradients gradients_;
   StepStatistics statistics_;                    // the model's running statistics
   std::unique_ptr<optim::Optimizer> optimizer_;  // unsharded
-  std::unique_ptr<ShardedOptimizer> sharded_;    // zero1, or ranks that share memory
+  std::unique_ptr<ShardedOptimizer> sharded_;    // ZeRO, or ranks that share memory
   std::optional<optim::LossScaler> scaler_;      // f16
   std::vector<GradientBucket> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter
 
-  Tensor reduced_;  // where the final micro-batch's gradients are reduced, every step
+  Tensor reduced_;  // where the final micro-batch's gradients are reduced, every step (not ZeRO-2)
   Tensor wire_;     // under a bf16 gradient_dtype: what the all-reduce moves, bucket by bucket
 
   // The step in flight.
   GradientTree tree_;
   Tensor last_leaf_;                               // the final micro-batch's gradients, reduced bucket by bucket
+  Tensor grad_shard_;                              // ZeRO-2: this rank's part of every reduced bucket
+  std::vector<Tensor> bucket_buffers_;             // ZeRO-2: per bucket, its final gradients while filled
   std::optional<GradientCollector> accumulating_;  // an earlier micro-batch's gradients
   bool collecting_ = false;                        // inside the final micro-batch's backward
   std::vector<bool> taken_;                        // per parameter: its gradient is in last_leaf_
   std::vector<size_t> missing_;                    // per bucket: parameters not yet taken
   size_t next_bucket_ = 0;                         // buckets start in order
   std::vector<comm::Work> works_;
-  bool replicas_agree_ = true;  // false between local SGD's averagings
+  std::vector<Tensor> sending_;  // ZeRO-2: per work, the bucket it reads (released when done)
+  size_t released_ = 0;          // ZeRO-2: works whose bucket is released
+  bool replicas_agree_ = true;   // false between local SGD's averagings
   std::unique_ptr<PowerSgd> powersgd_;
   bool hold_buckets_ = false;  // this step reduces after backward (local SGD, PowerSGD)
 };

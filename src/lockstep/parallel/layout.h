@@ -34,6 +34,7 @@ class Layout {
   // what a checkpoint written by root needs. Collective where the model is sharded.
   virtual nn::Module* model_on(int /*root*/) { return &model(); }
   // Loads a full state_dict (parameters and buffers) into every replica this process holds.
+  // Every rank calls it: collective where the ranks share one copy of the weights.
   virtual void load_model_state(const NamedTensors& state) = 0;
 
   virtual void set_lr(double lr) = 0;

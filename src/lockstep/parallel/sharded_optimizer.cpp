@@ -5,123 +5,160 @@
 #include "lockstep/ops/ops.h"
 
 namespace lockstep::parallel {
+
 ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm,
-                                   const OptimizerFactory& make_optimizer)
+                                   const OptimizerFactory& make_optimizer, bool share_weights)
     : layout_(layout), comm_(comm) {
-  LOCKSTEP_CHECK(layout.padded_numel() % comm.size() == 0)
-      << "the flat buffer (" << layout.padded_numel() << " elements) does not cut into " << comm.size()
-      << " equal shards: build its FlatGradients with shards = " << comm.size();
-  // The parameters move into one flat buffer, so this rank's shard is a view of it: the
+  LOCKSTEP_CHECK(layout.shards() % comm.size() == 0)
+      << "the flat buffer's units are padded for " << layout.shards() << " shards, which do not cut into "
+      << comm.size() << " ranks' parts: build its FlatGradients with shards = " << comm.size();
+  // The parameters move into one flat buffer, so this rank's parts are views of it: the
   // optimizer updates the weights in place, and no second copy of them is kept.
   const Tensor values = layout.gather_values();
-  const int64_t size = layout.padded_numel() / comm.size();
-  const int64_t begin = size * comm.rank(), end = begin + size;
-  weights_ = comm.empty_common(values.shape(), values.dtype(), values.device());
+  if (share_weights) weights_ = comm.empty_common(values.shape(), values.dtype(), values.device());
   common_ = weights_.defined();
+  if (!common_) weights_ = values;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const int64_t begin = part_begin(u);
+    parts_.push_back(slice(weights_, 0, begin, begin + layout.units()[u].shard_size(comm.size())));
+  }
   if (common_) {
-    // Every rank holds the same values: each writes its own shard of the one copy.
-    slice(weights_, 0, begin, end).copy_from(slice(values, 0, begin, end));
+    // Every rank holds the same values: each writes its own parts of the one copy.
+    for (size_t u = 0; u < parts_.size(); ++u) {
+      const int64_t begin = part_begin(u);
+      parts_[u].copy_from(slice(values, 0, begin, begin + parts_[u].numel()));
+    }
     comm.barrier();
-  } else {
-    weights_ = values;
   }
   for (size_t i = 0; i < layout.params().size(); ++i) layout.params()[i].set_data(layout.view(weights_, i));
-  shard_ = slice(weights_, 0, begin, end);
-  shard_.set_requires_grad(true);
-  optimizer_ = make_optimizer({shard_});
+  for (Tensor& part : parts_) part.set_requires_grad(true);
+  optimizer_ = make_optimizer(parts_);
+}
+
+int64_t ShardedOptimizer::part_begin(size_t unit) const {
+  const FlatUnit& u = layout_.units().at(unit);
+  return u.begin + u.shard_size(comm_.size()) * comm_.rank();
 }
 
 void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times) {
   const StepClock::time_point start = StepClock::now();
-  Tensor grad_shard = Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
-  comm_.reduce_scatter(gradients, grad_shard);
+  const Tensor grad_shard = Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
+  std::vector<comm::Work> works;
+  for (const FlatUnit& unit : layout_.units()) {
+    const int64_t at = shard_offset(unit, comm_.size());
+    works.push_back(comm_.reduce_scatter_async(slice(gradients, 0, unit.begin, unit.end),
+                                               slice(grad_shard, 0, at, at + unit.shard_size(comm_.size()))));
+  }
+  for (const comm::Work& work : works) work.wait();
   times.communicate += seconds_since(start);
-  update(std::move(grad_shard), times);
+  step_shard(grad_shard, times);
 }
 
 void ShardedOptimizer::step_reduced(const Tensor& sums, DeviceTimes& times) {
-  update(slice(sums, 0, shard_begin(), shard_begin() + shard_size()), times);
+  std::vector<Tensor> grads;
+  for (size_t u = 0; u < parts_.size(); ++u)
+    grads.push_back(slice(sums, 0, part_begin(u), part_begin(u) + parts_[u].numel()));
+  update(std::move(grads), times);
 }
 
-void ShardedOptimizer::update(Tensor grad_shard, DeviceTimes& times) {
+void ShardedOptimizer::step_shard(const Tensor& grad_shard, DeviceTimes& times) {
+  LOCKSTEP_CHECK(grad_shard.numel() == shard_size())
+      << "a shard of gradients holds " << shard_size() << " elements here, got " << grad_shard.numel();
+  std::vector<Tensor> grads;
+  for (size_t u = 0; u < parts_.size(); ++u) {
+    const int64_t at = shard_offset(layout_.units()[u], comm_.size());
+    grads.push_back(slice(grad_shard, 0, at, at + parts_[u].numel()));
+  }
+  update(std::move(grads), times);
+}
+
+void ShardedOptimizer::update(std::vector<Tensor> grads, DeviceTimes& times) {
   StepClock::time_point start = StepClock::now();
-  shard_.set_grad(grad_shard);
+  for (size_t u = 0; u < parts_.size(); ++u) parts_[u].set_grad(grads[u]);
   optimizer_->step();
   optimizer_->zero_grad();
-  grad_shard = Tensor();
+  grads.clear();
   times.optimizer += seconds_since(start);
   start = StepClock::now();
   if (common_) {
-    comm_.barrier();  // no rank computes with the weights before every shard is updated
+    comm_.barrier();  // no rank computes with the weights before every part is updated
   } else {
-    comm_.all_gather(shard_, weights_);  // in place: the shard is its own slice of weights_
+    // In place: each part is its own slice of its unit in weights_.
+    std::vector<comm::Work> works;
+    for (size_t u = 0; u < parts_.size(); ++u) {
+      const FlatUnit& unit = layout_.units()[u];
+      works.push_back(comm_.all_gather_async(parts_[u], slice(weights_, 0, unit.begin, unit.end)));
+    }
+    for (const comm::Work& work : works) work.wait();
   }
   times.communicate += seconds_since(start);
 }
 
-NamedTensors ShardedOptimizer::full_state_dict(int root) {
-  // Per slot, in the optimizer's order: the full flat buffer, or a per-parameter scalar
-  // (AdamW's step count, the same for every parameter).
+Tensor ShardedOptimizer::gather_slot(size_t slot, int root) {
   const bool assembles = root < 0 || comm_.rank() == root;
-  NamedTensors out;
-  std::vector<std::pair<std::string, Tensor>> slots;
-  std::vector<bool> per_element;
-  for (const auto& [key, tensor] : optimizer_->state_dict()) {
-    size_t index = 0;
-    std::string slot;
-    if (!optim::parse_state_key(key, index, slot)) {
-      out.emplace_back(key, tensor.clone());  // "step"
-      continue;
-    }
-    const bool elementwise = tensor.numel() == shard_.numel();
-    if (!assembles) {
-      // Its shard to the root, in rank order; nothing kept here.
-      if (elementwise) comm_.send(tensor.reshape({shard_.numel()}).contiguous(), root);
-      continue;
-    }
-    Tensor value = tensor.clone();
-    if (elementwise) {
-      value = layout_.empty_buffer();
-      const Tensor shard = tensor.reshape({shard_.numel()});
-      if (root < 0) {
-        comm_.all_gather(shard, value);
-      } else {
-        // Rank r's shard is the r-th run of shard-size elements, as all_gather lays it out.
-        for (int r = 0; r < comm_.size(); ++r) {
-          const Tensor part = slice(value, 0, r * shard_.numel(), (r + 1) * shard_.numel());
-          if (r == root) {
-            part.copy_from(shard);
-          } else {
-            comm_.recv(part, r);
-          }
+  const Tensor full = assembles ? layout_.empty_buffer() : Tensor();
+  for (size_t u = 0; u < parts_.size(); ++u) {
+    const FlatUnit& unit = layout_.units()[u];
+    const Tensor part = optimizer_->state(u, slot).reshape({parts_[u].numel()});
+    if (root < 0) {
+      comm_.all_gather(part, slice(full, 0, unit.begin, unit.end));
+    } else if (!assembles) {
+      comm_.send(part.contiguous(), root);
+    } else {
+      // Rank r's part is the r-th run of part-size elements of the unit, as all_gather lays it out.
+      for (int r = 0; r < comm_.size(); ++r) {
+        const int64_t begin = unit.begin + part.numel() * r;
+        const Tensor theirs = slice(full, 0, begin, begin + part.numel());
+        if (r == root) {
+          theirs.copy_from(part);
+        } else {
+          comm_.recv(theirs, r);
         }
       }
     }
-    slots.emplace_back(slot, value);
-    per_element.push_back(elementwise);
+  }
+  return full;
+}
+
+NamedTensors ShardedOptimizer::full_state_dict(int root) {
+  const bool assembles = root < 0 || comm_.rank() == root;
+  // Every part is stepped together, so a slot exists for all of them or for none.
+  const std::vector<optim::StateSlot>& slots = optimizer_->slots();
+  std::vector<size_t> present;
+  std::vector<Tensor> values;  // per present slot: the full buffer, or the scalar every parameter shares
+  for (size_t s = 0; s < slots.size(); ++s) {
+    if (!optimizer_->state(0, s).defined()) continue;
+    present.push_back(s);
+    values.push_back(slots[s].per_element ? gather_slot(s, root) : optimizer_->state(0, s));
   }
   if (!assembles) return {};
+  NamedTensors out;
+  for (const auto& [key, tensor] : optimizer_->state_dict()) {
+    size_t index = 0;
+    std::string slot;
+    if (!optim::parse_state_key(key, index, slot)) out.emplace_back(key, tensor.clone());  // "step"
+  }
   // The unsharded optimizer's order: per parameter, its slots.
   for (size_t i = 0; i < layout_.params().size(); ++i) {
-    for (size_t s = 0; s < slots.size(); ++s) {
-      const Tensor& value = slots[s].second;
-      out.emplace_back(optim::state_key(i, slots[s].first),
-                       per_element[s] ? layout_.view(value, i).clone() : value.clone());
+    for (size_t k = 0; k < present.size(); ++k) {
+      const optim::StateSlot& slot = slots[present[k]];
+      out.emplace_back(optim::state_key(i, slot.name),
+                       slot.per_element ? layout_.view(values[k], i).clone() : values[k].clone());
     }
   }
   return out;
 }
 
 void ShardedOptimizer::load_full_state_dict(const NamedTensors& state) {
-  // Per slot, the full flat buffer (zeros for a parameter that had none), then this rank's range.
+  // Per slot, the full flat buffer (zeros for a parameter that had none), then this rank's parts.
   std::map<std::string, Tensor> per_element;
   std::map<std::string, Tensor> scalars;
-  NamedTensors shard_state;
+  NamedTensors parts_state;
   for (const auto& [key, tensor] : state) {
     size_t index = 0;
     std::string slot;
     if (!optim::parse_state_key(key, index, slot)) {
-      shard_state.emplace_back(key, tensor);
+      parts_state.emplace_back(key, tensor);
       continue;
     }
     LOCKSTEP_CHECK(index < layout_.params().size())
@@ -138,10 +175,13 @@ void ShardedOptimizer::load_full_state_dict(const NamedTensors& state) {
     }
     layout_.view(it->second, index).copy_from(tensor);
   }
-  for (const auto& [slot, full] : per_element)
-    shard_state.emplace_back("state.0." + slot, slice(full, 0, shard_begin(), shard_begin() + shard_size()).clone());
-  for (const auto& [slot, value] : scalars) shard_state.emplace_back("state.0." + slot, value);
-  optimizer_->load_state_dict(shard_state);
+  for (size_t u = 0; u < parts_.size(); ++u) {
+    const int64_t begin = part_begin(u);
+    for (const auto& [slot, full] : per_element)
+      parts_state.emplace_back(optim::state_key(u, slot), slice(full, 0, begin, begin + parts_[u].numel()).clone());
+    for (const auto& [slot, value] : scalars) parts_state.emplace_back(optim::state_key(u, slot), value);
+  }
+  optimizer_->load_state_dict(parts_state);
 }
 
 }  // namespace lockstep::parallel

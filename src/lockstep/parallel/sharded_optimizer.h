@@ -1,12 +1,16 @@
-// ZeRO stage 1: the optimizer state is cut into equal shards, one per rank. The model's
-// parameters become views of one flat buffer (FlatGradients' order, padded to equal
-// shards); each rank's optimizer runs over its range of that buffer as one tensor. A step
-// updates the shard in place from the reduced gradients of the same range and all-gathers
-// every rank's shard back into the buffer. Where the ranks share memory (threads, or
-// processes of one host under `shm`: Communicator::empty_common) the buffer is one copy for
-// them all: each rank updates its shard in place and a barrier takes the all-gather's place.
-// The optimizers are elementwise, so each element gets the very update the unsharded
-// optimizer gives it: the same bits with 1/N of the state per rank.
+// ZeRO: the optimizer state is cut into equal shards, one per rank. The model's parameters
+// become views of one flat buffer (FlatGradients' order); every unit of it is padded to a
+// multiple of the rank count, and rank r owns the r-th equal part of each unit (FSDP's flat
+// parameters, one per unit). Each rank's optimizer runs over its parts, one tensor per unit.
+// A step updates them in place from the reduced gradients of the same ranges and
+// all-gathers every rank's parts back into the buffer, unit by unit. Where the ranks share
+// memory (threads, or processes of one host under `shm`: Communicator::empty_common) the
+// buffer is one copy for them all: each rank updates its parts in place and a barrier takes
+// the all-gather's place. The optimizers are elementwise, so each element gets the very
+// update the unsharded optimizer gives it: the same bits with 1/N of the state per rank.
+//
+// A rank's shard buffer (its gradients under ZeRO-2) holds its part of each unit in unit
+// order: unit u's part starts at u.begin / N.
 #pragma once
 
 #include <functional>
@@ -25,22 +29,30 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::ve
 
 class ShardedOptimizer {
  public:
-  // layout: the parameters, padded to a multiple of comm.size() elements. Every rank's
-  // parameters must hold the same values. They are moved into the flat buffer
-  // (Tensor::set_data): handles to them stay valid. Collective.
-  ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm, const OptimizerFactory& make_optimizer);
+  // layout: the parameters, built with shards = comm.size(). Every rank's parameters must
+  // hold the same values. They are moved into the flat buffer (Tensor::set_data): handles to
+  // them stay valid. share_weights: one buffer for every rank where the ranks share memory;
+  // false, each its own. Collective.
+  ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm, const OptimizerFactory& make_optimizer,
+                   bool share_weights = true);
 
-  int64_t shard_size() const { return shard_.numel(); }
-  int64_t shard_begin() const { return shard_size() * comm_.rank(); }
+  // Elements of this rank's shard buffer: padded_numel() / size.
+  int64_t shard_size() const { return layout_.padded_numel() / comm_.size(); }
+  // Where this rank's part of unit u lies in the flat buffer, and in its shard buffer.
+  int64_t part_begin(size_t unit) const;
+  static int64_t shard_offset(const FlatUnit& unit, int ranks) { return unit.begin / ranks; }
   // One step from this rank's unreduced gradients (a flat buffer in the layout's order):
-  // reduce-scatter them, update this rank's shard, all-gather every shard into the
-  // parameters, or wait for every rank's update where the buffer is common (collective).
+  // reduce-scatter them unit by unit, update this rank's parts, all-gather every part into
+  // the parameters, or wait for every rank's update where the buffer is common (collective).
   // Adds the time spent to times.communicate and times.optimizer.
   void step(const Tensor& gradients, DeviceTimes& times);
   // The same from gradients every rank has reduced already (an all-reduce, as distributed
-  // data parallelism runs bucket by bucket during backward): updates this rank's shard
-  // from its range of them, then as step().
+  // data parallelism runs bucket by bucket during backward): updates this rank's parts from
+  // its ranges of them, then as step().
   void step_reduced(const Tensor& sums, DeviceTimes& times);
+  // The same from this rank's shard buffer of reduced gradients (ZeRO-2 reduce-scatters them
+  // during backward).
+  void step_shard(const Tensor& grad_shard, DeviceTimes& times);
   void set_lr(double lr) { optimizer_->set_lr(lr); }
   double lr() const { return optimizer_->lr(); }
   // Bytes of optimizer state this rank holds.
@@ -51,22 +63,25 @@ class ShardedOptimizer {
   // The state an unsharded optimizer over the parameters would have ("step",
   // "state.<param>.<slot>"), gathered from every rank: collective. Checkpoints hold this,
   // so they load on any number of ranks, sharded or not.
-  // root >= 0: only rank `root` assembles it (the others send their shards and get an empty
+  // root >= 0: only rank `root` assembles it (the others send their parts and get an empty
   // list), so a checkpoint costs the other ranks no full copy.
   NamedTensors full_state_dict(int root = -1);
-  // Takes this rank's shard of such a state (not collective).
+  // Takes this rank's parts of such a state (not collective).
   void load_full_state_dict(const NamedTensors& state);
 
  private:
-  // Updates the shard from its gradients (released before the weights are gathered), then
-  // gathers the shards or waits for them.
-  void update(Tensor grad_shard, DeviceTimes& times);
+  // Updates the parts from their gradients (one per unit; released before the weights are
+  // gathered), then gathers the parts or waits for them.
+  void update(std::vector<Tensor> grads, DeviceTimes& times);
+  // Slot s of the optimizer's state as a full flat buffer, on every rank (root < 0) or on
+  // root alone (the others send and get an undefined tensor).
+  Tensor gather_slot(size_t slot, int root);
 
   const FlatGradients& layout_;
   comm::Communicator& comm_;
-  Tensor weights_;       // every parameter's elements, padded
-  bool common_ = false;  // weights_ is the same memory on every rank
-  Tensor shard_;         // this rank's range of weights_, the one parameter of optimizer_
+  Tensor weights_;             // every parameter's elements, padded
+  bool common_ = false;        // weights_ is the same memory on every rank
+  std::vector<Tensor> parts_;  // this rank's part of each unit of weights_, optimizer_'s parameters
   std::unique_ptr<optim::Optimizer> optimizer_;
 };
 

@@ -360,10 +360,11 @@ int train_main(const std::vector<std::string>& args) {
             "per core; ddp: the process's own)");
   flags.add("precision", &options.precision,
             "GPUs: f32, or bf16 / f16 matrix products with f32 weights (f16 with a dynamic loss scale)");
-  flags.add("strategy", &options.strategy,
-            "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
-            "lockstep run; zero1: ddp with the optimizer state sharded across the processes; mesh (implied by --dp, "
-            "--tp, --pp): a GPT over dp x tp x pp devices driven by this process");
+  flags.add(
+      "strategy", &options.strategy,
+      "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
+      "lockstep run; zero1: ddp with the optimizer state sharded across the processes; zero2: the reduced gradients "
+      "sharded too; mesh (implied by --dp, --tp, --pp): a GPT over dp x tp x pp devices driven by this process");
   flags.add("dp", &options.dp, "gpt: data-parallel replicas of the mesh (default: --devices / (tp x pp), else 1)");
   flags.add("tp", &options.tp,
             "gpt: tensor-parallel ranks per replica, each holding 1/T of every block and the vocabulary");

@@ -112,7 +112,7 @@ void plan_data_parallel(TrainPlan& plan, const TrainEnvironment& environment) {
   plan.replicas = static_cast<int>(s.devices);
 }
 
-// ddp and zero1: this process is one device of a launched job.
+// ddp, zero1 and zero2: this process is one device of a launched job.
 void plan_distributed(TrainPlan& plan, const TrainEnvironment& environment) {
   TrainOptions& s = plan.settings;
   const comm::LaunchInfo& launch = environment.launch;
@@ -146,7 +146,7 @@ void plan_mesh(TrainPlan& plan, const TrainEnvironment& environment) {
   require(s.model == "gpt",
           "--dp/--tp/--pp (--strategy mesh) cut a GPT's layers and blocks: use --model gpt, or "
           "train --model " +
-              s.model + " with --strategy dp, ddp or zero1");
+              s.model + " with --strategy dp, ddp, zero1 or zero2");
   require(s.tp >= 1 && s.pp >= 1 && s.dp >= 0, "--dp, --tp and --pp must be at least 1, got --dp " +
                                                    std::to_string(s.dp) + " --tp " + std::to_string(s.tp) + " --pp " +
                                                    std::to_string(s.pp));
@@ -222,10 +222,12 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
             "--dp, --tp, --pp, --schedule and --stages lay out a mesh; they do not go with --strategy " + s.strategy);
     s.strategy = "mesh";
   }
-  require(s.strategy == "dp" || s.strategy == "ddp" || s.strategy == "zero1" || s.strategy == "mesh",
-          "--strategy must be dp (one process drives every device), ddp (one process per device), zero1 (ddp with "
-          "the optimizer state sharded) or mesh (a GPT over --dp x --tp x --pp devices), got '" +
-              s.strategy + "'");
+  require(
+      s.strategy == "dp" || s.strategy == "ddp" || s.strategy == "zero1" || s.strategy == "zero2" ||
+          s.strategy == "mesh",
+      "--strategy must be dp (one process drives every device), ddp (one process per device), zero1 (ddp with "
+      "the optimizer state sharded), zero2 (the gradients too) or mesh (a GPT over --dp x --tp x --pp devices), got '" +
+          s.strategy + "'");
   // The GPT and the mesh layouts run on CPU devices in this version: only an explicit
   // request for GPUs is an error for them.
   const bool cpu_only = s.model == "gpt" || s.strategy == "mesh";

@@ -117,7 +117,9 @@ class DistributedStrategy final : public TrainStrategy {
             .micro_batch = options.micro_batch,
             .bucket_bytes = std::max<int64_t>(1, bucket_bytes),
             .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20)),
-            .zero1 = options.strategy == "zero1",
+            .zero_stage = options.strategy == "zero2"   ? 2
+                          : options.strategy == "zero1" ? 1
+                                                        : 0,
             .precision = parse_dtype(options.precision),
             .gradient_dtype = parse_dtype(options.grad_dtype),
             .sync_every = options.sync_every,

@@ -1,7 +1,7 @@
 // Past one host: jobs started by mpirun on two test hosts (scripts/test-hosts: network
 // namespaces joined by a shaped bridge), their ranks talking over TCP as on a cluster.
 // `lockstep train` gives one device's weights across hosts under ddp (all-reduced by host:
-// shared memory within, MPI across; and flat; with f32 and bf16 gradients), zero1 and the GPT
+// shared memory within, MPI across; and flat; with f32 and bf16 gradients), ZeRO-1 and 2 and the GPT
 // mesh, and a rank killed on one host ends the job on both, named. A PyTorch script runs
 // across them under `lockstep run`: under mpirun, and as torchrun's multi-node form.
 #include <gtest/gtest.h>
@@ -52,10 +52,10 @@ class MultiHost : public ::testing::Test {
   std::unique_ptr<TestHosts> hosts_;
 };
 
-TEST_F(MultiHost, DdpAndZeroOneAcrossTwoHostsGiveOneDevicesBits) {
+TEST_F(MultiHost, DdpAndZeroAcrossTwoHostsGiveOneDevicesBits) {
   const std::string flags = "train --quiet --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1";
   ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
-  for (const std::string strategy : {"ddp", "zero1"}) {
+  for (const std::string strategy : {"ddp", "zero1", "zero2"}) {
     const Result r = run_shell(hosts_->mpirun(2, 2) + kBinary + " " + flags + " --strategy " + strategy +
                                " --backend mpi --out " + (root_ / strategy).string());
     ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -184,16 +184,18 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
   EXPECT_EQ(exits[1].output, "");  // only rank 0 reports
   EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
 
-  // ZeRO-1: the same bits. Processes that share memory (shm) keep one copy of the weights
-  // and each steps its shard, under ddp as under zero1: half the optimizer state on each of
-  // the two ranks, and the allocator's peak below one device's by more than that half.
-  const auto sharded = comm::testing::launch_program(
-      2, kBinary, split_words(flags + " --strategy zero1 --out " + (root_ / "zero1").string()), {});
-  for (const auto& e : sharded) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(sharded);
-  EXPECT_EQ(summary(root_ / "zero1")["weights_sha256"], reference);
+  // ZeRO-1 and 2: the same bits. Processes that share memory (shm) keep one copy of the
+  // weights and each steps its shard, under ddp as under ZeRO: half the optimizer state on
+  // each of the two ranks, and the allocator's peak below one device's by more than that half.
+  for (const std::string strategy : {"zero1", "zero2"}) {
+    const auto sharded = comm::testing::launch_program(
+        2, kBinary, split_words(flags + " --strategy " + strategy + " --out " + (root_ / strategy).string()), {});
+    for (const auto& e : sharded) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(sharded);
+    EXPECT_EQ(summary(root_ / strategy)["weights_sha256"], reference) << strategy;
+  }
   const double whole = summary(root_ / "one")["optimizer_state_bytes"];
   const double one_peak = summary(root_ / "one")["peak_memory_bytes"];
-  for (const std::string strategy : {"ddp", "zero1"}) {
+  for (const std::string strategy : {"ddp", "zero1", "zero2"}) {
     const nlohmann::json run_summary = summary(root_ / strategy);
     EXPECT_NEAR(run_summary["optimizer_state_bytes"].get<double>(), whole / 2, 64) << strategy << " " << whole;
     EXPECT_LT(run_summary["peak_memory_bytes"].get<double>(), one_peak - 0.4 * whole)
@@ -207,8 +209,14 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(summary(out)["weights_sha256"], reference) << backend;
   }
-  // MPI's ranks share no memory: each keeps its weights and steps all of them.
+  // MPI's ranks share no memory: each keeps its weights and steps all of them; under ZeRO-2
+  // each steps its half and the halves are all-gathered.
   EXPECT_NEAR(summary(root_ / "mpi-mpi")["optimizer_state_bytes"].get<double>(), whole, 64);
+  const fs::path zero2 = root_ / "mpi-zero2";
+  const Result r = run_mpi(2, flags + " --strategy zero2 --backend mpi --out " + zero2.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(summary(zero2)["weights_sha256"], reference);
+  EXPECT_NEAR(summary(zero2)["optimizer_state_bytes"].get<double>(), whole / 2, 64);
 }
 
 // A rank killed mid-run (kill -9) ends the job: the survivor stops with an error that
@@ -229,17 +237,20 @@ TEST_F(TrainCommand, AKilledRankEndsTheJobNamingIt) {
   EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
 }
 
-// A checkpoint written by 2 ZeRO-1 processes (the optimizer state gathered whole) resumes
-// on one process with 2 devices, ending with the weights of an uninterrupted run.
-TEST_F(TrainCommand, ZeroOneCheckpointResumesUnsharded) {
-  const std::string flags = base() + " --optimizer adamw --lr-schedule cosine:total=10 --micro-batch 8";
-  ASSERT_EQ(run(flags + " --devices 1 --steps 10 --out " + (root_ / "whole").string()).exit_code, 0);
-  const auto exits = comm::testing::launch_program(
-      2, kBinary,
-      split_words(flags + " --strategy zero1 --steps 10 --stop-after 4 --out " + (root_ / "split").string()), {});
-  for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(exits);
-  const Result resumed =
-      run(base() + " --lr-schedule cosine:total=10 --devices 2 --steps 10 --resume " + (root_ / "split").string());
+// A checkpoint written by 2 ZeRO-2 processes (the optimizer state gathered whole) resumes
+// under ZeRO-1, whose checkpoint resumes on one process with 2 devices, ending with the
+// weights of an uninterrupted run.
+TEST_F(TrainCommand, ZeroCheckpointsResumeOnEveryLayout) {
+  const std::string flags = base() + " --optimizer adamw --lr-schedule cosine:total=10 --micro-batch 8 --steps 10";
+  ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "whole").string()).exit_code, 0);
+  const std::string split = (root_ / "split").string();
+  for (const std::string leg :
+       {" --strategy zero2 --stop-after 4 --out ", " --strategy zero1 --stop-after 7 --resume "}) {
+    const auto exits = comm::testing::launch_program(2, kBinary, split_words(flags + leg + split), {});
+    for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << leg << comm::testing::describe(exits);
+  }
+  EXPECT_EQ(load_safetensors_metadata(split + "/checkpoint.safetensors").at("step"), "7");
+  const Result resumed = run(flags + " --devices 2 --resume " + split);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(summary(root_ / "whole")["weights_sha256"], summary(root_ / "split")["weights_sha256"]);
 }
