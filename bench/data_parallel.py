@@ -9,6 +9,8 @@ summary.json samples_per_second; bench/torch_ddp.py's timer, same loop).
   dp, 2 devices                    one process, a worker per device, a thread each
   ddp, 2 processes                 torchrun's variables, shm collectives, a thread each
   zero1, 2 processes               ddp with the optimizer state sharded
+  zero2, 2 processes               ... and the gradients, reduce-scattered bucket by bucket
+  PyTorch DDP + ZeRO, 2 processes  the same with ZeroRedundancyOptimizer (PyTorch's ZeRO-1)
   PyTorch DDP, 2 processes         gloo, a thread each
 
 It also prints each Lockstep row's communication share (all-reduce time / device time) and,
@@ -59,10 +61,11 @@ def lockstep_rate(model, args, out, devices, micro, threads, strategy="dp"):
     return summary["samples_per_second"], max(shares)
 
 
-def torch_rate(model, args, world, threads):
+def torch_rate(model, args, world, threads, zero=False):
     run = subprocess.run([args.python, os.path.join(ROOT, "bench", "torch_ddp.py"), "--model", model, "--world",
                           str(world), "--threads", str(threads), "--batch", str(args.batch), "--steps",
-                          str(args.steps), "--data", args.data], capture_output=True, text=True)
+                          str(args.steps), "--data", args.data] + (["--zero"] if zero else []),
+                         capture_output=True, text=True)
     for line in run.stdout.splitlines():
         if line.startswith("RESULT"):
             return float(line.split("=")[1]), None
@@ -107,6 +110,8 @@ def main():
                 ("dp, 2 devices", lambda o: lockstep_rate(model, args, o, 2, half, cores)),
                 ("ddp, 2 processes", lambda o: lockstep_rate(model, args, o, 2, half, max(1, cores // 2), "ddp")),
                 ("zero1, 2 processes", lambda o: lockstep_rate(model, args, o, 2, half, max(1, cores // 2), "zero1")),
+                ("zero2, 2 processes", lambda o: lockstep_rate(model, args, o, 2, half, max(1, cores // 2), "zero2")),
+                ("PyTorch DDP + ZeroRedundancyOptimizer", lambda o: torch_rate(model, args, 2, max(1, cores // 2), True)),
                 ("PyTorch DDP (gloo), 2 processes", lambda o: torch_rate(model, args, 2, max(1, cores // 2))),
             ]
             samples = {name: [] for name, _ in rows}
@@ -132,10 +137,13 @@ def main():
                 medians[name] = statistics.median(samples[name])
                 share = f"{100 * statistics.median(shares[name]):.1f}%" if shares[name] else "-"
                 print(f"{name:36} {medians[name]:10.0f} {medians[name] / best:16.2f}x {share:>11}")
-            torch_name = rows[-1][0]
+            torch_name, torch_zero = rows[-1][0], rows[-2][0]
             if torch_name in medians:
                 for name in ("dp, 2 devices", "ddp, 2 processes"):
                     print(f"{name} / PyTorch DDP: {medians[name] / medians[torch_name]:.2f}x")
+            if torch_zero in medians:
+                for name in ("zero1, 2 processes", "zero2, 2 processes"):
+                    print(f"{name} / PyTorch DDP + ZeroRedundancyOptimizer: {medians[name] / medians[torch_zero]:.2f}x")
             print(f"the tree order's cost, all-reduce of {GRADIENT_BYTES[model]} bytes on 2 ranks "
                   "(Lockstep's deterministic tree beside MPI_Allreduce):")
             for backend in ("shm", "mpi"):

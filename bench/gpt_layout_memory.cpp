@@ -1,13 +1,15 @@
 // Memory per device of a GPT-2 124M-shaped model (nn::gpt_preset("gpt2-124m"): GPT-2
-// small's shape with a byte vocabulary) on each device-mesh layout, beside the arithmetic of
-// fp32 training with AdamW: 4 bytes of weight, 4 of gradient and 8 of AdamW moments (m, v)
-// per parameter, 16 in all, each device paying for the parameters its layout gives it. The
-// model is built and stepped, not trained: each layout's ranks run as threads, each on a CPU
-// device of its own (memory_stats(cpu:r) is rank r's memory), and take two optimizer steps
-// on one sample per replica (micro-batch 1). The first step creates the AdamW state; the
-// second is a step as every later one is.
+// small's shape with a byte vocabulary) on each device-mesh layout and under
+// DistributedDataParallel with ZeRO, beside the arithmetic of fp32 training with AdamW: 4
+// bytes of weight, 4 of gradient and 8 of AdamW moments (m, v) per parameter, each device
+// paying for the parameters and the shards its layout gives it. The model is built and
+// stepped, not trained: each layout's ranks run as threads, each on a CPU device of its own
+// (memory_stats(cpu:r) is rank r's memory; ZeRO's ranks keep weights of their own, as GPU
+// ranks do), and take two optimizer steps on one sample per replica (micro-batch 1). The
+// first step creates the AdamW state; the second is a step as every later one is.
 //
-// Per device it prints the parameters held and, each beside its formula:
+// Per device it prints the parameters it trains and, each beside its formula (the table's
+// legend gives them per layout; the mesh's are these):
 //   built   allocated after construction                          4 B/param
 //   kept    allocated between steps (gradients are dropped)       12 B/param: weights, m, v
 //   peak1   the most allocated during the first step              16 B/param
@@ -17,7 +19,8 @@
 // 4 B per element of it there. The peaks also hold activations and transient copies of the
 // gradients, which the formula leaves out; a short --context keeps the activations small.
 //
-//   build/bin/gpt_layout_memory [--context 64] [--layouts 1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2]
+//   build/bin/gpt_layout_memory [--context 64]
+//       [--layouts 1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4]
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -39,7 +42,9 @@
 #include "lockstep/core/philox.h"
 #include "lockstep/nn/gpt.h"
 #include "lockstep/optim/adamw.h"
+#include "lockstep/parallel/distributed_data_parallel.h"
 #include "lockstep/parallel/gpt_mesh.h"
+#include "lockstep/parallel/loss_function.h"
 #include "tools/common/flags.h"
 
 namespace lockstep {
@@ -56,7 +61,14 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct Options {
   std::string preset = "gpt2-124m";
   int64_t context = 64;
-  std::string layouts = "1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2";
+  std::string layouts = "1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4";
+};
+
+// A layout to measure: the mesh's shape, or under DistributedDataParallel (zero_stage >= 0)
+// shape.dp ranks.
+struct Requested {
+  MeshShape shape;
+  int zero_stage = -1;
 };
 
 std::vector<std::string> split(const std::string& list) {
@@ -141,24 +153,87 @@ void on_rank_threads(int ranks, const std::function<void(int)>& body) {
   }
 }
 
+// What the device holds: its blocks, the embeddings (first stage), the head's copy of the
+// tied weight (a last stage that is not the first).
+std::string holds(const parallel::GptStagePlan& plan, bool head_copy) {
+  std::string text = "h.";
+  text += std::to_string(plan.first_block);
+  text += '-';
+  text += std::to_string(plan.end_block - 1);
+  if (plan.stage == 0) text += " +emb";
+  if (head_copy) text += " +head copy";
+  return text;
+}
+
 struct RankMemory {
-  parallel::GptStagePlan plan;
-  int64_t params = 0;      // elements of the stage's parameters
-  int64_t head_copy = 0;   // elements of the last stage's copy of the tied weight (0 if none)
+  std::string holds;       // what the device holds of the model
+  int64_t params = 0;      // elements of the parameters it trains
   int64_t built = 0;       // bytes allocated after construction
   int64_t kept = 0;        // ... after the steps
   int64_t first_peak = 0;  // the most allocated during the first step
   int64_t peak = 0;        // ... during the second
-  int64_t formula(int64_t bytes_per_param) const { return bytes_per_param * params + 4 * head_copy; }
+  // The formulas' bytes for the same three moments.
+  int64_t built_formula = 0, kept_formula = 0, peak_formula = 0;
 };
 
 struct LayoutMemory {
-  MeshShape shape;
+  std::string label;
   std::vector<RankMemory> ranks;
   double seconds = 0;
 };
 
 int64_t allocated(int device) { return memory_stats(Device::cpu(device)).allocated_bytes; }
+
+// One sample per replica, on the host device: each rank copies its own onto its device.
+struct SampleBatch {
+  Tensor tokens, targets;
+};
+SampleBatch sample_batch(const nn::GptConfig& config, int64_t batch, Device host) {
+  Philox rng(kSeed, 1);
+  std::vector<int64_t> tokens(static_cast<size_t>(batch * config.context)), targets(tokens.size());
+  for (int64_t& t : tokens) t = rng.next_u32() % config.vocab;
+  for (int64_t& t : targets) t = rng.next_u32() % config.vocab;
+  return {Tensor::from_vector(tokens, {batch, config.context}, host),
+          Tensor::from_vector(targets, {batch, config.context}, host)};
+}
+
+// Two steps of every rank (step(rank, step index) on its thread), each rank's peak measured
+// during each; then what the ranks keep.
+void measure_steps(LayoutMemory& layout, const std::vector<int64_t>& before,
+                   const std::function<void(int, uint64_t)>& step) {
+  const int ranks = static_cast<int>(layout.ranks.size());
+  for (uint64_t s = 0; s < 2; ++s) {
+    for (int r = 0; r < ranks; ++r) reset_peak_memory_stats(Device::cpu(r));
+    on_rank_threads(ranks, [&](int r) { step(r, s); });
+    for (int r = 0; r < ranks; ++r) {
+      RankMemory& m = layout.ranks[static_cast<size_t>(r)];
+      const int64_t peak = memory_stats(Device::cpu(r)).peak_allocated_bytes - before[static_cast<size_t>(r)];
+      (s == 0 ? m.first_peak : m.peak) = peak;
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    layout.ranks[static_cast<size_t>(r)].kept = allocated(r) - before[static_cast<size_t>(r)];
+  }
+}
+
+// After the ranks are gone: their devices hold nothing, and start the next layout from
+// fresh memory.
+void release_devices(int ranks, const std::vector<int64_t>& before) {
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t left = allocated(r) - before[static_cast<size_t>(r)];
+    if (left != 0) {
+      std::fprintf(stderr, "warning: cpu:%d holds %lld bytes after the ranks are gone\n", r,
+                   static_cast<long long>(left));
+    }
+    empty_cache(Device::cpu(r));
+  }
+}
+
+std::vector<int64_t> allocated_on_ranks(int ranks) {
+  std::vector<int64_t> bytes(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) bytes[static_cast<size_t>(r)] = allocated(r);
+  return bytes;
+}
 
 // Builds the layout's ranks from `full` (which lives on `host`, a device no rank uses),
 // measures, steps twice, measures again.
@@ -166,10 +241,9 @@ LayoutMemory measure_layout(const nn::Gpt& full, const MeshShape& shape, Device 
   const Clock::time_point start = Clock::now();
   const int ranks = shape.size();
   LayoutMemory layout;
-  layout.shape = shape;
+  layout.label = layout_label(shape);
   layout.ranks.resize(static_cast<size_t>(ranks));
-  std::vector<int64_t> before(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) before[static_cast<size_t>(r)] = allocated(r);
+  const std::vector<int64_t> before = allocated_on_ranks(ranks);
 
   GptMeshOptions options;
   options.mesh = shape;
@@ -183,44 +257,72 @@ LayoutMemory measure_layout(const nn::Gpt& full, const MeshShape& shape, Device 
   for (int r = 0; r < ranks; ++r) {
     RankMemory& m = layout.ranks[static_cast<size_t>(r)];
     const parallel::GptStage& stage = parts[static_cast<size_t>(r)]->stage();
-    m.plan = stage.plan;
     for (const Tensor& p : stage.parameters()) m.params += p.numel();
-    if (stage.last() && !stage.first()) m.head_copy = stage.head_weight.numel();
+    const int64_t head_copy = stage.last() && !stage.first() ? stage.head_weight.numel() : 0;
+    m.holds = holds(stage.plan, head_copy > 0);
+    m.built_formula = 4 * m.params + 4 * head_copy;
+    m.kept_formula = 12 * m.params + 4 * head_copy;
+    m.peak_formula = 16 * m.params + 4 * head_copy;
     m.built = allocated(r) - before[static_cast<size_t>(r)];
   }
 
-  // One sample per replica, on the host device: each rank copies its own onto its device.
-  const int64_t batch = shape.dp, context = full.config.context;
-  Philox rng(kSeed, 1);
-  std::vector<int64_t> tokens(static_cast<size_t>(batch * context)), targets(tokens.size());
-  for (int64_t& t : tokens) t = rng.next_u32() % full.config.vocab;
-  for (int64_t& t : targets) t = rng.next_u32() % full.config.vocab;
-  const Tensor token_batch = Tensor::from_vector(tokens, {batch, context}, host);
-  const Tensor target_batch = Tensor::from_vector(targets, {batch, context}, host);
-
-  for (uint64_t step = 0; step < 2; ++step) {
-    for (int r = 0; r < ranks; ++r) reset_peak_memory_stats(Device::cpu(r));
-    on_rank_threads(ranks, [&](int r) {
-      parts[static_cast<size_t>(r)]->step(token_batch, target_batch, static_cast<int64_t>(step) * batch, step, kSeed);
-    });
-    for (int r = 0; r < ranks; ++r) {
-      RankMemory& m = layout.ranks[static_cast<size_t>(r)];
-      const int64_t peak = memory_stats(Device::cpu(r)).peak_allocated_bytes - before[static_cast<size_t>(r)];
-      (step == 0 ? m.first_peak : m.peak) = peak;
-    }
-  }
-  for (int r = 0; r < ranks; ++r) {
-    layout.ranks[static_cast<size_t>(r)].kept = allocated(r) - before[static_cast<size_t>(r)];
-  }
+  const SampleBatch batch = sample_batch(full.config, shape.dp, host);
+  measure_steps(layout, before, [&](int r, uint64_t step) {
+    parts[static_cast<size_t>(r)]->step(batch.tokens, batch.targets, static_cast<int64_t>(step) * shape.dp, step,
+                                        kSeed);
+  });
   parts.clear();
+  release_devices(ranks, before);
+  layout.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return layout;
+}
+
+// DistributedDataParallel over the whole GPT on `ranks` threads under ZeRO stage `stage`
+// (0: plain ddp), each rank keeping weights of its own on its device, as GPU ranks do.
+LayoutMemory measure_zero_layout(const nn::Gpt& full, int ranks, int stage, Device host) {
+  const Clock::time_point start = Clock::now();
+  LayoutMemory layout;
+  layout.label = (stage == 0 ? std::string("ddp ") : "zero" + std::to_string(stage) + " dp ") + std::to_string(ranks);
+  layout.ranks.resize(static_cast<size_t>(ranks));
+  const std::vector<int64_t> before = allocated_on_ranks(ranks);
+
+  // A Gpt is built on cpu:0: here, one at a time, each then moved to its rank's device.
+  std::vector<std::shared_ptr<nn::Gpt>> models;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t left = allocated(r) - before[static_cast<size_t>(r)];
-    if (left != 0) {
-      std::fprintf(stderr, "warning: cpu:%d holds %lld bytes after the ranks are gone\n", r,
-                   static_cast<long long>(left));
-    }
-    empty_cache(Device::cpu(r));  // the next layout's devices start from fresh memory
+    models.push_back(std::make_shared<nn::Gpt>(full.config, kSeed));
+    models.back()->to(Device::cpu(r));
   }
+  const auto comms = comm::LocalCommunicator::create_group(ranks);
+  std::vector<std::unique_ptr<parallel::DistributedDataParallel>> replicas(static_cast<size_t>(ranks));
+  on_rank_threads(ranks, [&](int r) {
+    replicas[static_cast<size_t>(r)] = std::make_unique<parallel::DistributedDataParallel>(
+        models[static_cast<size_t>(r)], adamw, comms[static_cast<size_t>(r)],
+        parallel::DistributedDataParallelOptions{
+            .loss = parallel::next_token_loss(), .micro_batch = 1, .zero_stage = stage, .share_weights = false});
+  });
+  const int64_t params = models.front()->num_parameters(), shard = params / ranks;
+  for (int r = 0; r < ranks; ++r) {
+    RankMemory& m = layout.ranks[static_cast<size_t>(r)];
+    m.params = params;
+    m.holds = "h.0-" + std::to_string(full.config.layers - 1) + " +emb";
+    if (stage > 0) m.holds += stage == 1 ? " mv/" : " mvg/";
+    if (stage > 0) m.holds += std::to_string(ranks);
+    // Weights, and (below stage 2) the buffer every step's gradients are reduced in.
+    m.built_formula = (stage < 2 ? 8 : 4) * params;
+    m.kept_formula = stage == 0 ? 16 * params : m.built_formula + 8 * shard;
+    m.peak_formula = stage == 0 ? 16 * params : m.built_formula + 12 * shard;
+    m.built = allocated(r) - before[static_cast<size_t>(r)];
+  }
+
+  const SampleBatch batch = sample_batch(full.config, ranks, host);
+  const TensorBatch global{{"input", batch.tokens}, {"target", batch.targets}};
+  measure_steps(layout, before, [&](int r, uint64_t step) {
+    replicas[static_cast<size_t>(r)]->step(
+        global, {.seed = kSeed, .step = step, .first_sample = static_cast<int64_t>(step) * ranks});
+  });
+  replicas.clear();
+  models.clear();
+  release_devices(ranks, before);
   layout.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return layout;
 }
@@ -243,18 +345,6 @@ std::string millions(int64_t n) {
   return text;
 }
 
-// What the device holds: its blocks, the embeddings (first stage), the head's copy of the
-// tied weight (a last stage that is not the first).
-std::string holds(const parallel::GptStagePlan& plan, bool head_copy) {
-  std::string text = "h.";
-  text += std::to_string(plan.first_block);
-  text += '-';
-  text += std::to_string(plan.end_block - 1);
-  if (plan.stage == 0) text += " +emb";
-  if (head_copy) text += " +head copy";
-  return text;
-}
-
 std::string kib(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%+.0f", static_cast<double>(bytes) / 1024.0);
@@ -264,28 +354,31 @@ std::string kib(int64_t bytes) {
 void print_table(const std::vector<LayoutMemory>& layouts) {
   const char* row = "%-18s %-6s %-18s %7s | %6s %6s | %6s %6s %6s %6s | %6s %6s %6s %6s %6s\n";
   std::printf("\n");
-  std::printf(row, "layout", "device", "holds", "params", "built", "4B/p", "kept", "12B/p", "ratio", "over", "16B/p",
-              "peak1", "ratio", "peak2", "ratio");
+  std::printf(row, "layout", "device", "holds", "params", "built", "formula", "kept", "formula", "ratio", "over",
+              "formula", "peak1", "ratio", "peak2", "ratio");
   std::printf(row, "", "", "", "", "MiB", "MiB", "MiB", "MiB", "", "KiB", "MiB", "MiB", "", "MiB", "");
   for (const LayoutMemory& layout : layouts) {
     for (size_t r = 0; r < layout.ranks.size(); ++r) {
       const RankMemory& m = layout.ranks[r];
       std::string device = "cpu:";
       device += std::to_string(r);
-      std::printf(row, r == 0 ? layout_label(layout.shape).c_str() : "", device.c_str(),
-                  holds(m.plan, m.head_copy > 0).c_str(), millions(m.params).c_str(), mib(m.built).c_str(),
-                  mib(m.formula(4)).c_str(), mib(m.kept).c_str(), mib(m.formula(12)).c_str(),
-                  ratio(m.kept, m.formula(12)).c_str(), kib(m.kept - m.formula(12)).c_str(), mib(m.formula(16)).c_str(),
-                  mib(m.first_peak).c_str(), ratio(m.first_peak, m.formula(16)).c_str(), mib(m.peak).c_str(),
-                  ratio(m.peak, m.formula(16)).c_str());
+      std::printf(row, r == 0 ? layout.label.c_str() : "", device.c_str(), m.holds.c_str(), millions(m.params).c_str(),
+                  mib(m.built).c_str(), mib(m.built_formula).c_str(), mib(m.kept).c_str(), mib(m.kept_formula).c_str(),
+                  ratio(m.kept, m.kept_formula).c_str(), kib(m.kept - m.kept_formula).c_str(),
+                  mib(m.peak_formula).c_str(), mib(m.first_peak).c_str(), ratio(m.first_peak, m.peak_formula).c_str(),
+                  mib(m.peak).c_str(), ratio(m.peak, m.peak_formula).c_str());
     }
   }
   std::printf(
-      "\nformulas: 4 B/param the weights; 12 B/param the weights and AdamW's m and v; 16 B/param those and\n"
-      "the gradients. Each counts the device's own parameters, plus 4 B per element of the tied weight's\n"
-      "copy on a last stage that is not the first (+head copy). over: kept minus its formula, AdamW's\n"
-      "step counts (one scalar, a 64-byte block, per parameter tensor).\n"
-      "peak1 and peak2 hold activations and transient gradient copies besides what the formula counts.\n");
+      "\nformulas, in bytes per parameter the device trains (fp32, AdamW):\n"
+      "  mesh layouts   built 4 (weights), kept 12 (and AdamW's m and v), peak 16 (and the gradients), plus\n"
+      "                 4 B per element of the tied weight's copy on a last stage that is not the first\n"
+      "  ddp            built 8 (weights, the reduced-gradient buffer), kept and peak 16\n"
+      "  zero1          built 8, kept 8 + 8/N (m and v sharded), peak 8 + 12/N (and this rank's reduced shard)\n"
+      "  zero2          built 4, kept 4 + 8/N, peak 4 + 12/N (the reduced gradients sharded too), plus the\n"
+      "                 buckets in flight\n"
+      "over: kept minus its formula, AdamW's step counts (one scalar, a 64-byte block, per parameter tensor\n"
+      "or ZeRO part). peak1 and peak2 hold activations and transient gradient copies besides the formula.\n");
 }
 
 int usage_error(const std::string& message) {
@@ -296,33 +389,46 @@ int usage_error(const std::string& message) {
 int main_checked(int argc, char** argv) {
   Options options;
   tools::Flags flags("gpt_layout_memory",
-                     "Memory per device of a GPT-2 124M-shaped model on each mesh layout, beside 16 bytes per "
-                     "parameter.");
+                     "Memory per device of a GPT-2 124M-shaped model on each layout, beside the formula of fp32 "
+                     "AdamW training.");
   flags.add("context", &options.context, "the GPT's context (the preset's is 1024): shorter keeps activations small");
   flags.add("layouts", &options.layouts,
-            "comma-separated: 1 (one device) or dp<D>, tp<T>, pp<P> together, e.g. tp2pp2");
+            "comma-separated: 1 (one device) or dp<D>, tp<T>, pp<P> together, e.g. tp2pp2 (the mesh); ddp<D>, "
+            "zero1dp<D>, zero2dp<D> (DistributedDataParallel on D ranks)");
   if (!flags.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
-  std::vector<MeshShape> shapes;
+  std::vector<Requested> requested;
   int most_ranks = 1;
   for (const std::string& name : split(options.layouts)) {
+    Requested layout;
+    std::string mesh = name;
+    if (name.rfind("ddp", 0) == 0) {
+      layout.zero_stage = 0;
+      mesh = name.substr(1);
+    } else if (name.rfind("zero", 0) == 0 && name.size() > 4) {
+      layout.zero_stage = name[4] - '0';
+      mesh = name.substr(5);
+    }
     try {
-      shapes.push_back(parse_layout(name));
+      layout.shape = parse_layout(mesh);
     } catch (const std::logic_error&) {
       return usage_error("bad layout '" + name + "'");
     }
-    if (shapes.back().dp < 1 || shapes.back().tp < 1 || shapes.back().pp < 1) {
+    const MeshShape& shape = layout.shape;
+    if (shape.dp < 1 || shape.tp < 1 || shape.pp < 1 || layout.zero_stage > 2 ||
+        (layout.zero_stage >= 0 && (shape.tp > 1 || shape.pp > 1 || mesh.rfind("dp", 0) != 0))) {
       return usage_error("bad layout '" + name + "'");
     }
-    most_ranks = std::max(most_ranks, shapes.back().size());
+    most_ranks = std::max(most_ranks, shape.size());
+    requested.push_back(layout);
   }
-  if (shapes.empty()) return usage_error("--layouts must name at least one layout");
+  if (requested.empty()) return usage_error("--layouts must name at least one layout");
 
   nn::GptConfig config = nn::gpt_preset(options.preset);
   config.context = options.context;
   nn::check_gpt_config(config);
-  for (const MeshShape& shape : shapes) {
+  for (const Requested& layout : requested) {
     GptMeshOptions mesh;
-    mesh.mesh = shape;
+    mesh.mesh = layout.shape;
     parallel::gpt_blocks_per_stage(config, mesh);  // an Error where the stages cannot be filled
   }
   // The full model every rank copies its part from lives on a device no rank uses, so that
@@ -345,14 +451,15 @@ int main_checked(int argc, char** argv) {
   std::fflush(stdout);
 
   std::vector<LayoutMemory> layouts;
-  for (const MeshShape& shape : shapes) {
-    layouts.push_back(measure_layout(full, shape, host));
+  for (const Requested& request : requested) {
+    const MeshShape& shape = request.shape;
+    layouts.push_back(request.zero_stage < 0 ? measure_layout(full, shape, host)
+                                             : measure_zero_layout(full, shape.dp, request.zero_stage, host));
     const LayoutMemory& layout = layouts.back();
     int64_t largest = 0;
-    for (const RankMemory& m : layout.ranks) largest = std::max(largest, m.formula(16));
-    std::printf("%-18s %d device%s in %4.1f s: 16 B/param / (tp x pp) = %s MiB; the largest device's formula %s MiB\n",
-                layout_label(shape).c_str(), shape.size(), shape.size() == 1 ? "" : "s", layout.seconds,
-                mib(16 * total / (shape.tp * shape.pp)).c_str(), mib(largest).c_str());
+    for (const RankMemory& m : layout.ranks) largest = std::max(largest, m.peak_formula);
+    std::printf("%-18s %d device%s in %4.1f s: the largest device's peak formula %s MiB\n", layout.label.c_str(),
+                shape.size(), shape.size() == 1 ? "" : "s", layout.seconds, mib(largest).c_str());
     std::fflush(stdout);
   }
   print_table(layouts);

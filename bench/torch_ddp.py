@@ -14,7 +14,7 @@ so that one copy runs on each host.
 (default_hooks.fp16_compress_hook), powersgd (powerSGD_hook, rank --powersgd-rank, compressing
 from step --powersgd-start; PyTorch's other defaults) or localsgd (post_localSGD_hook without
 gradient all-reduce, and PeriodicModelAverager averaging the parameters every
---localsgd-period steps from step --localsgd-start).
+--localsgd-period steps from step --localsgd-start). --zero wraps SGD in ZeroRedundancyOptimizer.
 
     /usr/bin/python3 bench/torch_ddp.py --model cnn --world 2 --batch 64 --steps 100
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 GLOO_SOCKET_IFNAME=eth0 \\
@@ -95,7 +95,13 @@ def rank_main(rank, world, init_method, args, results=None):
         dist._DEFAULT_FIRST_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
     model = DDP(CNN() if args.model == "cnn" else MLP())
     after_step = attach_hook(model, args)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05,
+                                            momentum=0.9)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     order, at = torch.randperm(n, generator=generator), 0
     share = args.batch // world
@@ -165,6 +171,8 @@ def main():
     parser.add_argument("--localsgd-period", type=int, default=8)
     parser.add_argument("--localsgd-start", type=int, default=0)
     parser.add_argument("--test", action="store_true", help="rank 0 also reports the test accuracy")
+    parser.add_argument("--zero", action="store_true",
+                        help="shard the optimizer state (ZeroRedundancyOptimizer, PyTorch's ZeRO-1)")
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     args = parser.parse_args()
     try:
