@@ -175,23 +175,27 @@ TEST(DistributedDataParallel, BucketsCoverTheParametersInBackwardOrder) {
   });
 }
 
-// A parameter forward never uses gets no gradient: it counts as zero, without an error.
+// A parameter forward never uses gets no gradient: it counts as zero, without an error,
+// under every ZeRO stage.
 TEST(DistributedDataParallel, UnusedParametersCountAsZero) {
-  std::vector<Weights> before(2), after(2);
-  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
-    auto model = std::make_shared<WithUnusedParameter>();
-    DistributedDataParallel ddp(
-        model,
-        [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); },
-        comm, {.loss = classification(), .micro_batch = 2});
-    before[static_cast<size_t>(rank)] = weights(*model->unused);
-    const Data data = synthetic(8, 0);
-    train_step(ddp, data, 0, 0);
-    after[static_cast<size_t>(rank)] = weights(*model->unused);
-  });
-  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
-  EXPECT_EQ(after[0], before[0]);
-  EXPECT_EQ(after[1], before[0]);  // rank 0's weights, from the broadcast
+  for (int stage : {0, 1, 2}) {
+    std::vector<Weights> before(2), after(2);
+    const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+      auto model = std::make_shared<WithUnusedParameter>();
+      DistributedDataParallel ddp(model,
+                                  [](std::vector<Tensor> p) {
+                                    return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1});
+                                  },
+                                  comm, {.loss = classification(), .micro_batch = 2, .zero_stage = stage});
+      before[static_cast<size_t>(rank)] = weights(*model->unused);
+      const Data data = synthetic(8, 0);
+      train_step(ddp, data, 0, 0);
+      after[static_cast<size_t>(rank)] = weights(*model->unused);
+    });
+    EXPECT_EQ(errors, std::vector<std::string>(2, "")) << "stage " << stage;
+    EXPECT_EQ(after[0], before[0]) << "stage " << stage;
+    EXPECT_EQ(after[1], before[0]) << "stage " << stage;  // rank 0's weights, from the broadcast
+  }
 }
 
 // An earlier micro-batch's gradients go straight into their leaf of the rank's subtree

@@ -70,23 +70,6 @@ TEST(Zero, StageTwoKeepsTheBitsWhateverTheBuckets) {
       same_bits(train_ddp("cnn", 4, 16, 4, 2, {.zero_stage = 2}, adamw)[3], train_dp("cnn", 1, 16, 4, 2, adamw)));
 }
 
-TEST(Zero, StageTwoCountsUnusedParametersAsZero) {
-  std::vector<Weights> before(2), after(2);
-  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
-    auto model = std::make_shared<WithUnusedParameter>();
-    DistributedDataParallel ddp(
-        model,
-        [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.1}); },
-        comm, {.loss = classification(), .micro_batch = 2, .zero_stage = 2});
-    before[static_cast<size_t>(rank)] = weights(*model->unused);
-    train_step(ddp, synthetic(8, 0), 0, 0);
-    after[static_cast<size_t>(rank)] = weights(*model->unused);
-  });
-  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
-  EXPECT_EQ(after[0], before[0]);
-  EXPECT_EQ(after[1], before[0]);  // rank 0's weights, from the broadcast
-}
-
 // What a run leaves for a checkpoint: the weights, and the optimizer state as every rank
 // gathers it and as rank 1 alone assembles it.
 struct Saved {

@@ -230,6 +230,11 @@ int64_t DistributedDataParallel::optimizer_state_bytes() const {
 void DistributedDataParallel::on_gradient_ready(size_t param) {
   if (accumulating_) accumulating_->take(param);
   if (!collecting_ || taken_[param]) return;
+  take_gradient(param);
+  if (options_.zero_stage != 1 && !hold_buckets_) start_ready_buckets();  // ZeRO-1 reduce-scatters after backward
+}
+
+void DistributedDataParallel::take_gradient(size_t param) {
   const size_t bucket = bucket_of_[param];
   if (options_.zero_stage == 2) {
     gradients_.take(param, bucket_buffer(bucket), buckets_[bucket].begin);
@@ -238,7 +243,6 @@ void DistributedDataParallel::on_gradient_ready(size_t param) {
   }
   taken_[param] = true;
   --missing_[bucket];
-  if (options_.zero_stage != 1 && !hold_buckets_) start_ready_buckets();  // ZeRO-1 reduce-scatters after backward
 }
 
 const Tensor& DistributedDataParallel::bucket_buffer(size_t b) {
@@ -416,15 +420,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   collecting_ = false;
   clear_grad_destinations();
   for (size_t i = 0; i < gradients_.params().size(); ++i) {
-    if (taken_[i]) continue;
-    const size_t bucket = bucket_of_[i];
-    if (options_.zero_stage == 2) {
-      gradients_.take(i, bucket_buffer(bucket), buckets_[bucket].begin);
-    } else {
-      gradients_.take(i, last_leaf_);
-    }
-    taken_[i] = true;
-    --missing_[bucket];
+    if (!taken_[i]) take_gradient(i);
   }
   if (options_.zero_stage == 1 || hold_buckets_) {
     tree_.finish_range(last_leaf_, 0, last_leaf_.numel());

@@ -135,6 +135,8 @@ class DistributedDataParallel final : public Layout {
  private:
   void run_step(const TensorBatch& share, const StepContext& context, StepResult& result);
   void on_gradient_ready(size_t param);
+  // Moves a parameter's final gradient (zeros if it has none) into its bucket.
+  void take_gradient(size_t param);
   void clear_grad_destinations();  // those backward did not reach keep none for later
   void start_ready_buckets();
   // ZeRO-2: bucket b's buffer, made (padding zeroed, its weights' gradient destinations
