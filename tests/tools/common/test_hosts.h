@@ -3,6 +3,8 @@
 // when the object goes, also when the test fails.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -27,13 +29,20 @@ class TestHosts {
   }
 
   explicit TestHosts(int count, const std::string& options = "") {
-    net_ = static_cast<int>(::getpid() % 250) + 1;
+    claim_net();
+    if (net_ == 0) {
+      error_ = "every test-host subnet 10.231.1-250 is held by another test process";
+      return;
+    }
     env_ = "LOCKSTEP_TEST_HOSTS_PREFIX=lh" + std::to_string(net_) + " LOCKSTEP_TEST_HOSTS_NET=" + std::to_string(net_);
     const Result up = run_shell("env " + env_ + " " + script() + " up " + std::to_string(count) + " " + options);
     ok_ = up.exit_code == 0;
     error_ = up.output;
   }
-  ~TestHosts() { run_shell("env " + env_ + " " + script() + " down"); }
+  ~TestHosts() {
+    if (net_ != 0) run_shell("env " + env_ + " " + script() + " down");
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+  }
   TestHosts(const TestHosts&) = delete;
   TestHosts& operator=(const TestHosts&) = delete;
 
@@ -71,7 +80,30 @@ class TestHosts {
  private:
   static std::string script() { return std::string(LOCKSTEP_SOURCE_DIR) + "/scripts/test-hosts"; }
 
+  // A subnet number no other live test process holds: the first free lock of 250, searched
+  // from one the process id suggests. A number derived from the pid alone is shared by two
+  // processes whose pids differ by a multiple of 250, and the later one's `up` (which first
+  // removes what has its names) tore down the other's hosts mid-test. The lock goes with the
+  // process, however it ends, so a crashed test's number is free again (its leftover hosts
+  // are removed by the next `up` of that number).
+  void claim_net() {
+    const int start = static_cast<int>(::getpid() % 250);
+    for (int i = 0; i < 250; ++i) {
+      const int net = (start + i) % 250 + 1;
+      const std::string path = "/tmp/lockstep-test-hosts-" + std::to_string(net) + ".lock";
+      const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        net_ = net;
+        lock_fd_ = fd;
+        return;
+      }
+      ::close(fd);
+    }
+  }
+
   int net_ = 0;
+  int lock_fd_ = -1;
   std::string env_;
   bool ok_ = false;
   std::string error_;

@@ -52,6 +52,20 @@ class MultiHost : public ::testing::Test {
   std::unique_ptr<TestHosts> hosts_;
 };
 
+// Two sets of test hosts alive at once (as two tests under ctest -j) get subnets and names
+// of their own: making the second leaves the first one's hosts up and reachable.
+TEST(TestHostsTest, TwoSetsAliveAtOnceKeepApart) {
+  if (const std::string why = TestHosts::unavailable(); !why.empty()) GTEST_SKIP() << why;
+  const TestHosts first(1);
+  ASSERT_TRUE(first.ok()) << first.error();
+  const TestHosts second(1);
+  ASSERT_TRUE(second.ok()) << second.error();
+  EXPECT_NE(first.subnet(), second.subnet());
+  const Result reached = run_shell(first.on(0, "ip -o addr show " + first.interface(0)));
+  EXPECT_EQ(reached.exit_code, 0) << reached.output;
+  EXPECT_NE(reached.output.find(first.address(0)), std::string::npos) << reached.output;
+}
+
 TEST_F(MultiHost, DdpAndZeroAcrossTwoHostsGiveOneDevicesBits) {
   const std::string flags = "train --quiet --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1";
   ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
