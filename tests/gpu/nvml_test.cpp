@@ -21,8 +21,9 @@ using lockstep::testing::ScopedEnv;
 using lockstep::testing::StandinEnv;
 using nlohmann::json;
 
-const char* const kProfiles[] = {"a100-8x-nvlink.json", "h100-8x.json",    "t4-4x-pcie.json",   "shared-server.json",
-                                 "ecc-throttle.json",   "old-driver.json", "failing-call.json", "t4-4x-busy.json"};
+const char* const kProfiles[] = {"a100-8x-nvlink.json", "h100-8x.json",      "t4-4x-pcie.json",
+                                 "shared-server.json",  "ecc-throttle.json", "old-driver.json",
+                                 "failing-call.json",   "t4-4x-busy.json",   "hgx-h100-faults.json"};
 
 json read_profile(const std::string& name) {
   std::ifstream file(lockstep::testing::standin_profile_path(name));
@@ -110,6 +111,35 @@ void expect_matches(const json& profile, const json& want, const GpuDevice& got)
   EXPECT_EQ(got.sm_clock_mhz, first(want["sm_clock_mhz"]));
   EXPECT_EQ(got.sm_clock_max_mhz, first(want["sm_clock_max_mhz"]));
   EXPECT_EQ(got.throttle_reasons, first(want["throttle_reasons"]));
+  EXPECT_EQ(got.memory_clock_mhz, first(want["memory_clock_mhz"]));
+  EXPECT_EQ(got.energy_mj, first(want["energy_mj"]));
+  const json& pcie = want["pcie"];
+  EXPECT_EQ(got.pcie_generation, first(pcie["generation"]));
+  EXPECT_EQ(got.pcie_generation_max, first(pcie["generation_max"]));
+  EXPECT_EQ(got.pcie_generation_gpu_max, first(pcie["gpu_generation_max"]));
+  EXPECT_EQ(got.pcie_width, first(pcie["width"]));
+  EXPECT_EQ(got.pcie_width_max, first(pcie["width_max"]));
+  EXPECT_EQ(got.pcie_tx_kb_per_s, first(pcie["tx_kb_per_s"]));
+  EXPECT_EQ(got.pcie_rx_kb_per_s, first(pcie["rx_kb_per_s"]));
+  // NVLink GPUs: the counters of their first link (the stand-in's others count none).
+  if (got.nvlink_errors) {
+    const json errors = want.value("nvlink_errors", json::object());
+    EXPECT_EQ(got.nvlink_errors->replay, errors.value("replay", 0u));
+    EXPECT_EQ(got.nvlink_errors->recovery, errors.value("recovery", 0u));
+    EXPECT_EQ(got.nvlink_errors->crc_flit, errors.value("crc_flit", 0u));
+    EXPECT_EQ(got.nvlink_errors->crc_data, errors.value("crc_data", 0u));
+    EXPECT_GT(got.nvlink_errors->links, 0u);
+  } else {
+    EXPECT_FALSE(want.contains("nvlink_errors"));
+  }
+  EXPECT_EQ(got.behind_nvswitch, got.nvlink_errors.has_value() && profile.value("nvswitch", false));
+  if (want.contains("fabric")) {
+    const uint64_t state = want["fabric"]["state"];
+    ASSERT_TRUE(got.fabric_state);
+    EXPECT_EQ(static_cast<int>(*got.fabric_state), static_cast<int>(state) - 1);  // NOT_STARTED is 1
+  } else {
+    EXPECT_FALSE(got.fabric_state);  // Not Supported: no note
+  }
   EXPECT_EQ(got.persistence_mode, want["persistence_mode"].get<bool>());
   const bool ecc = want["ecc"]["enabled"];
   EXPECT_EQ(got.ecc_enabled, ecc);
@@ -144,6 +174,12 @@ void expect_matches(const json& profile, const json& want, const GpuDevice& got)
     const unsigned pid = self ? static_cast<unsigned>(getpid()) : process["pid"].get<unsigned>();
     EXPECT_EQ(got.processes[k].pid, pid);
     EXPECT_EQ(got.processes[k].used_bytes, process["used_memory"].get<uint64_t>());
+    if (process.contains("sm_util")) {
+      EXPECT_EQ(got.processes[k].sm_utilization, process["sm_util"].get<unsigned>());
+      EXPECT_EQ(got.processes[k].memory_utilization, process["mem_util"].get<unsigned>());
+    } else {
+      EXPECT_FALSE(got.processes[k].sm_utilization);
+    }
     EXPECT_EQ(got.processes[k].in_this_namespace, std::filesystem::exists("/proc/" + std::to_string(pid)));
   }
 }

@@ -25,7 +25,23 @@ struct GpuProcess {
   uint32_t uid = 0;
   std::string user;     // from /proc/<pid>/status and the password database
   std::string command;  // /proc/<pid>/cmdline, arguments joined by spaces
+  // Its share of the GPU in NVML's latest sample (nvmlDeviceGetProcessUtilization): percent
+  // of the time its kernels ran and its memory was read or written. Empty when NVML has no
+  // sample of it (an idle process, or a GPU that does not keep them).
+  std::optional<unsigned> sm_utilization, memory_utilization;
 };
+
+// NVLink's data-link error counters, summed over a GPU's active links. Replays and CRC
+// errors are corrected by resending; a count that grows means a bad link, cable or
+// connector, and recoveries (the link retrained) stall traffic.
+struct NvlinkErrors {
+  unsigned links = 0;  // active links the counters were read on
+  uint64_t replay = 0, recovery = 0, crc_flit = 0, crc_data = 0;
+  uint64_t total() const { return replay + recovery + crc_flit + crc_data; }
+};
+
+// The GPU's registration with the NVSwitch fabric manager (Hopper and later).
+enum class FabricState { kNotStarted, kInProgress, kCompleted };
 
 // Throttle ("clocks event") reasons: NVML's bit values.
 enum ThrottleReason : uint64_t {
@@ -62,6 +78,15 @@ struct GpuDevice {
   std::optional<unsigned> temperature_c;
   std::optional<unsigned> power_mw, power_limit_mw;
   std::optional<unsigned> sm_clock_mhz, sm_clock_max_mhz;
+  std::optional<unsigned> memory_clock_mhz;
+  std::optional<uint64_t> energy_mj;  // since the driver was loaded (Volta and later)
+  // PCIe: the link's generation and lanes now and at most (the lower of the GPU's and the
+  // slot's), the GPU's own highest generation, and the traffic of the last 20 ms in KB/s.
+  // An idle GPU lowers its link's generation to save power: only the width and the maxima
+  // say how the GPU sits in its slot.
+  std::optional<unsigned> pcie_generation, pcie_generation_max, pcie_generation_gpu_max;
+  std::optional<unsigned> pcie_width, pcie_width_max;
+  std::optional<unsigned> pcie_tx_kb_per_s, pcie_rx_kb_per_s;
   std::optional<uint64_t> throttle_reasons;  // ThrottleReason bits
   std::optional<bool> persistence_mode;
   std::optional<bool> ecc_enabled;
@@ -73,6 +98,15 @@ struct GpuDevice {
   // that failed (the GPU is out of spare rows).
   std::optional<unsigned> remapped_rows_correctable, remapped_rows_uncorrectable;
   std::optional<bool> remap_pending, remap_failed;
+
+  // NVLink: the error counters (empty on a GPU without active links), and whether a link
+  // goes to an NVSwitch (a system that needs the fabric manager).
+  std::optional<NvlinkErrors> nvlink_errors;
+  bool behind_nvswitch = false;
+  // With the fabric manager (Hopper and later; empty where NVML has no fabric state): how
+  // far the GPU's registration got and, once completed, its outcome ("" for success).
+  std::optional<FabricState> fabric_state;
+  std::string fabric_error;
 
   std::vector<GpuProcess> processes;  // compute processes
   // Calls that failed for this device: "nvmlDeviceGetPowerUsage: Not Supported".

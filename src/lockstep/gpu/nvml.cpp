@@ -194,9 +194,73 @@ class DeviceReader {
     if (call(nvml_.power_limit, &value)) device_.power_limit_mw = value;
     if (call(nvml_.clock, NVML_CLOCK_SM, &value)) device_.sm_clock_mhz = value;
     if (call(nvml_.max_clock, NVML_CLOCK_SM, &value)) device_.sm_clock_max_mhz = value;
+    if (call(nvml_.clock, NVML_CLOCK_MEM, &value)) device_.memory_clock_mhz = value;
     unsigned long long reasons = 0;
     if (call_newest(nvml_.clocks_reasons, "nvmlDeviceGetCurrentClocksEventReasons", &reasons))
       device_.throttle_reasons = reasons;
+    unsigned long long energy = 0;
+    if (call(nvml_.energy, &energy)) device_.energy_mj = energy;
+    read_pcie();
+  }
+
+  void read_pcie() {
+    unsigned value = 0;
+    if (call(nvml_.pcie_generation, &value)) device_.pcie_generation = value;
+    if (call(nvml_.pcie_generation_max, &value)) device_.pcie_generation_max = value;
+    if (call(nvml_.pcie_generation_gpu_max, &value)) device_.pcie_generation_gpu_max = value;
+    if (call(nvml_.pcie_width, &value)) device_.pcie_width = value;
+    if (call(nvml_.pcie_width_max, &value)) device_.pcie_width_max = value;
+    if (call(nvml_.pcie_throughput, NVML_PCIE_UTIL_TX_BYTES, &value)) device_.pcie_tx_kb_per_s = value;
+    if (call(nvml_.pcie_throughput, NVML_PCIE_UTIL_RX_BYTES, &value)) device_.pcie_rx_kb_per_s = value;
+  }
+
+  // The error counters of every active NVLink. A GPU without NVLink answers the state call
+  // with Not Supported, which is no failure.
+  void read_nvlink_health() {
+    if (!nvml_.nvlink_state) return;
+    NvlinkErrors errors;
+    for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; ++link) {
+      nvmlEnableState_t active = NVML_FEATURE_DISABLED;
+      if (nvml_.nvlink_state.fn(handle_, link, &active) != NVML_SUCCESS || active != NVML_FEATURE_ENABLED) continue;
+      ++errors.links;
+      nvmlIntNvLinkDeviceType_t type = NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+      if (nvml_.nvlink_remote_type && nvml_.nvlink_remote_type.fn(handle_, link, &type) == NVML_SUCCESS &&
+          type == NVML_NVLINK_DEVICE_TYPE_SWITCH)
+        device_.behind_nvswitch = true;
+      for (auto [counter, total] : {std::pair{NVML_NVLINK_ERROR_DL_REPLAY, &errors.replay},
+                                    {NVML_NVLINK_ERROR_DL_RECOVERY, &errors.recovery},
+                                    {NVML_NVLINK_ERROR_DL_CRC_FLIT, &errors.crc_flit},
+                                    {NVML_NVLINK_ERROR_DL_CRC_DATA, &errors.crc_data}}) {
+        unsigned long long count = 0;
+        if (!nvml_.nvlink_errors) return (void)note_missing(nvml_.nvlink_errors.name);
+        const nvmlReturn_t code = nvml_.nvlink_errors.fn(handle_, link, counter, &count);
+        if (code == NVML_ERROR_NOT_SUPPORTED) continue;  // a counter this generation lacks
+        if (!check(nvml_.nvlink_errors.name, code)) return;
+        *total += count;
+      }
+    }
+    if (errors.links > 0) device_.nvlink_errors = errors;
+  }
+
+  // Hopper and later on NVSwitch; other GPUs answer Not Supported, which is no failure.
+  void read_fabric() {
+    if (!nvml_.fabric_info) return;
+    nvmlGpuFabricInfo_t info{};
+    const nvmlReturn_t code = nvml_.fabric_info.fn(handle_, &info);
+    if (code == NVML_ERROR_NOT_SUPPORTED || (code == NVML_SUCCESS && info.state == NVML_GPU_FABRIC_STATE_NOT_SUPPORTED))
+      return;
+    if (!check(nvml_.fabric_info.name, code)) return;
+    switch (info.state) {
+      case NVML_GPU_FABRIC_STATE_NOT_STARTED:
+        device_.fabric_state = FabricState::kNotStarted;
+        break;
+      case NVML_GPU_FABRIC_STATE_IN_PROGRESS:
+        device_.fabric_state = FabricState::kInProgress;
+        break;
+      default:
+        device_.fabric_state = FabricState::kCompleted;
+        if (info.status != NVML_SUCCESS) device_.fabric_error = nvml_.error_text(info.status);
+    }
   }
 
   void read_health() {
@@ -216,6 +280,8 @@ class DeviceReader {
     }
     read_retired_pages();
     read_remapped_rows();
+    read_nvlink_health();
+    read_fabric();
   }
 
   void read_remapped_rows() {
@@ -265,7 +331,35 @@ class DeviceReader {
     }
     if (!check(used, code)) return;
     for (auto& process : processes) fill_process_details(process);
+    read_process_utilization(processes);
     device_.processes = std::move(processes);
+  }
+
+  // NVML keeps a few recent samples per process; the newest of each is its share now. No
+  // sample at all (every process idle) is answered with Not Found, which is no failure.
+  void read_process_utilization(std::vector<GpuProcess>& processes) {
+    if (processes.empty()) return;
+    if (!nvml_.process_utilization) return (void)note_missing(nvml_.process_utilization.name);
+    unsigned count = 0;
+    nvmlReturn_t code = nvml_.process_utilization.fn(handle_, nullptr, &count, 0);
+    if (code == NVML_ERROR_NOT_FOUND) return;
+    if (code != NVML_SUCCESS && code != NVML_ERROR_INSUFFICIENT_SIZE)
+      return (void)check(nvml_.process_utilization.name, code);
+    if (count == 0) return;
+    std::vector<nvmlProcessUtilizationSample_t> samples(count);
+    code = nvml_.process_utilization.fn(handle_, samples.data(), &count, 0);
+    if (code == NVML_ERROR_NOT_FOUND) return;
+    if (!check(nvml_.process_utilization.name, code)) return;
+    samples.resize(std::min<size_t>(count, samples.size()));
+    for (GpuProcess& process : processes) {
+      const nvmlProcessUtilizationSample_t* newest = nullptr;
+      for (const auto& sample : samples) {
+        if (sample.pid == process.pid && (newest == nullptr || sample.timeStamp > newest->timeStamp)) newest = &sample;
+      }
+      if (newest == nullptr) continue;
+      process.sm_utilization = newest->smUtil;
+      process.memory_utilization = newest->memUtil;
+    }
   }
 
  private:

@@ -143,6 +143,41 @@ typedef struct nvmlProcessInfo_st {  // _v2 and _v3 of the process calls
   unsigned int computeInstanceId;  // MIG, 0xFFFFFFFF otherwise
 } nvmlProcessInfo_t;
 
+typedef enum nvmlPcieUtilCounter_enum {  // nvmlDeviceGetPcieThroughput: KB/s over 20 ms
+  NVML_PCIE_UTIL_TX_BYTES = 0,
+  NVML_PCIE_UTIL_RX_BYTES = 1,
+} nvmlPcieUtilCounter_t;
+
+typedef enum nvmlNvLinkErrorCounter_enum {
+  NVML_NVLINK_ERROR_DL_REPLAY = 0,    // a packet sent again after a CRC error
+  NVML_NVLINK_ERROR_DL_RECOVERY = 1,  // the link retrained
+  NVML_NVLINK_ERROR_DL_CRC_FLIT = 2,  // flow-control units with a bad CRC
+  NVML_NVLINK_ERROR_DL_CRC_DATA = 3,  // data with a bad CRC
+} nvmlNvLinkErrorCounter_t;
+
+// The GPU's registration with the NVSwitch fabric (the fabric manager), Hopper and later.
+#define NVML_GPU_FABRIC_UUID_LEN 16
+#define NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0
+#define NVML_GPU_FABRIC_STATE_NOT_STARTED 1
+#define NVML_GPU_FABRIC_STATE_IN_PROGRESS 2
+#define NVML_GPU_FABRIC_STATE_COMPLETED 3
+typedef unsigned char nvmlGpuFabricState_t;
+typedef struct nvmlGpuFabricInfo_st {
+  unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+  nvmlReturn_t status;  // the registration's outcome, once state is COMPLETED
+  unsigned int cliqueId;
+  nvmlGpuFabricState_t state;
+} nvmlGpuFabricInfo_t;
+
+typedef struct nvmlProcessUtilizationSample_st {
+  unsigned int pid;
+  unsigned long long timeStamp;  // microseconds, CPU clock
+  unsigned int smUtil;           // percent of the sample period
+  unsigned int memUtil;
+  unsigned int encUtil;
+  unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
 // The function types, named after the functions.
 typedef nvmlReturn_t (*nvmlInit_fn)(void);
 typedef nvmlReturn_t (*nvmlShutdown_fn)(void);
@@ -178,6 +213,13 @@ typedef nvmlReturn_t (*nvmlDeviceGetNvLinkRemotePciInfo_fn)(nvmlDevice_t, unsign
 typedef nvmlReturn_t (*nvmlDeviceGetNvLinkRemoteDeviceType_fn)(nvmlDevice_t, unsigned int link,
                                                                nvmlIntNvLinkDeviceType_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetTopologyCommonAncestor_fn)(nvmlDevice_t, nvmlDevice_t, nvmlGpuTopologyLevel_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetNvLinkErrorCounter_fn)(nvmlDevice_t, unsigned int link, nvmlNvLinkErrorCounter_t,
+                                                           unsigned long long* value);
+typedef nvmlReturn_t (*nvmlDeviceGetPcieThroughput_fn)(nvmlDevice_t, nvmlPcieUtilCounter_t, unsigned int* kb_per_s);
+typedef nvmlReturn_t (*nvmlDeviceGetTotalEnergyConsumption_fn)(nvmlDevice_t, unsigned long long* millijoules);
+typedef nvmlReturn_t (*nvmlDeviceGetGpuFabricInfo_fn)(nvmlDevice_t, nvmlGpuFabricInfo_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetProcessUtilization_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t* samples,
+                                                           unsigned int* count, unsigned long long last_seen);
 
 }  // extern "C"
 
@@ -186,3 +228,5 @@ static_assert(sizeof(nvmlPciInfo_t) == 68 && offsetof(nvmlPciInfo_t, busId) == 3
 static_assert(sizeof(nvmlMemory_v2_t) == 40 && nvmlMemory_v2 == 0x02000028);
 static_assert(sizeof(nvmlProcessInfo_v1_t) == 16 && sizeof(nvmlProcessInfo_t) == 24);
 static_assert(sizeof(nvmlReturn_t) == 4 && sizeof(nvmlGpuTopologyLevel_t) == 4);
+static_assert(sizeof(nvmlGpuFabricInfo_t) == 28 && offsetof(nvmlGpuFabricInfo_t, state) == 24);
+static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32 && offsetof(nvmlProcessUtilizationSample_t, smUtil) == 16);

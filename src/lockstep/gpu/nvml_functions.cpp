@@ -58,6 +58,13 @@ NvmlFunctions NvmlFunctions::resolve(void* library) {
   f.max_clock = find<nvmlDeviceGetClockInfo_fn>(library, "nvmlDeviceGetMaxClockInfo");
   f.clocks_reasons = find_versions<nvmlDeviceGetClocksReasons_fn>(
       library, {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"});
+  f.energy = find<nvmlDeviceGetTotalEnergyConsumption_fn>(library, "nvmlDeviceGetTotalEnergyConsumption");
+  f.pcie_generation = find<nvmlDeviceGetUint_fn>(library, "nvmlDeviceGetCurrPcieLinkGeneration");
+  f.pcie_generation_max = find<nvmlDeviceGetUint_fn>(library, "nvmlDeviceGetMaxPcieLinkGeneration");
+  f.pcie_generation_gpu_max = find<nvmlDeviceGetUint_fn>(library, "nvmlDeviceGetGpuMaxPcieLinkGeneration");
+  f.pcie_width = find<nvmlDeviceGetUint_fn>(library, "nvmlDeviceGetCurrPcieLinkWidth");
+  f.pcie_width_max = find<nvmlDeviceGetUint_fn>(library, "nvmlDeviceGetMaxPcieLinkWidth");
+  f.pcie_throughput = find<nvmlDeviceGetPcieThroughput_fn>(library, "nvmlDeviceGetPcieThroughput");
   f.persistence_mode = find<nvmlDeviceGetEnableState_fn>(library, "nvmlDeviceGetPersistenceMode");
   f.ecc_mode = find<nvmlDeviceGetEccMode_fn>(library, "nvmlDeviceGetEccMode");
   f.ecc_errors = find<nvmlDeviceGetTotalEccErrors_fn>(library, "nvmlDeviceGetTotalEccErrors");
@@ -67,11 +74,14 @@ NvmlFunctions NvmlFunctions::resolve(void* library) {
   f.processes = find_versions<nvmlDeviceGetProcesses_fn>(
       library, {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"});
   f.processes_v1 = find<nvmlDeviceGetProcesses_v1_fn>(library, "nvmlDeviceGetComputeRunningProcesses");
+  f.process_utilization = find<nvmlDeviceGetProcessUtilization_fn>(library, "nvmlDeviceGetProcessUtilization");
+  f.fabric_info = find<nvmlDeviceGetGpuFabricInfo_fn>(library, "nvmlDeviceGetGpuFabricInfo");
 
   f.nvlink_state = find<nvmlDeviceGetNvLinkState_fn>(library, "nvmlDeviceGetNvLinkState");
   f.nvlink_remote_pci = find_versions<nvmlDeviceGetNvLinkRemotePciInfo_fn>(
       library, {"nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"});
   f.nvlink_remote_type = find<nvmlDeviceGetNvLinkRemoteDeviceType_fn>(library, "nvmlDeviceGetNvLinkRemoteDeviceType");
+  f.nvlink_errors = find<nvmlDeviceGetNvLinkErrorCounter_fn>(library, "nvmlDeviceGetNvLinkErrorCounter");
   f.common_ancestor = find<nvmlDeviceGetTopologyCommonAncestor_fn>(library, "nvmlDeviceGetTopologyCommonAncestor");
   return f;
 }

@@ -45,6 +45,12 @@ struct NvmlFunctions {
   NvmlEntry<nvmlDeviceGetUint_fn> power_usage, power_limit;
   NvmlEntry<nvmlDeviceGetClockInfo_fn> clock, max_clock;
   NvmlVersions<nvmlDeviceGetClocksReasons_fn> clocks_reasons;  // "event" (R535+), then "throttle"
+  NvmlEntry<nvmlDeviceGetTotalEnergyConsumption_fn> energy;
+  // The link's generation and width now and at most (the GPU's and the slot's lower), and
+  // the GPU's own highest generation.
+  NvmlEntry<nvmlDeviceGetUint_fn> pcie_generation, pcie_generation_max, pcie_generation_gpu_max;
+  NvmlEntry<nvmlDeviceGetUint_fn> pcie_width, pcie_width_max;
+  NvmlEntry<nvmlDeviceGetPcieThroughput_fn> pcie_throughput;
   NvmlEntry<nvmlDeviceGetEnableState_fn> persistence_mode;
   NvmlEntry<nvmlDeviceGetEccMode_fn> ecc_mode;
   NvmlEntry<nvmlDeviceGetTotalEccErrors_fn> ecc_errors;
@@ -53,10 +59,13 @@ struct NvmlFunctions {
   NvmlEntry<nvmlDeviceGetRemappedRows_fn> remapped_rows;
   NvmlVersions<nvmlDeviceGetProcesses_fn> processes;  // _v3, _v2 (nvmlProcessInfo_t)
   NvmlEntry<nvmlDeviceGetProcesses_v1_fn> processes_v1;
+  NvmlEntry<nvmlDeviceGetProcessUtilization_fn> process_utilization;
+  NvmlEntry<nvmlDeviceGetGpuFabricInfo_fn> fabric_info;
 
   NvmlEntry<nvmlDeviceGetNvLinkState_fn> nvlink_state;
   NvmlVersions<nvmlDeviceGetNvLinkRemotePciInfo_fn> nvlink_remote_pci;
   NvmlEntry<nvmlDeviceGetNvLinkRemoteDeviceType_fn> nvlink_remote_type;
+  NvmlEntry<nvmlDeviceGetNvLinkErrorCounter_fn> nvlink_errors;
   NvmlEntry<nvmlDeviceGetTopologyCommonAncestor_fn> common_ancestor;
 
   // Looks every name up in `library` (a dlopen handle).

@@ -2,11 +2,13 @@
 // LOCKSTEP_NVML_PROFILE names (read at the first nvmlInit, like a driver's state). A
 // function listed in the profile's "fail" map returns that code instead; fields a profile
 // leaves out answer NVML_ERROR_NOT_SUPPORTED.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "standin_profile.h"
 
@@ -270,7 +272,32 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t h, unsi
 }
 STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t h, nvmlClockType_t type, unsigned* mhz) {
   return device_call(__func__, h, [&](Device& d) {
+    if (type == NVML_CLOCK_MEM) return reading(d, "/memory_clock_mhz", mhz);
     return type == NVML_CLOCK_SM ? reading(d, "/sm_clock_mhz", mhz) : NVML_ERROR_NOT_SUPPORTED;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t h, unsigned long long* mj) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/energy_mj", mj); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t h, unsigned* generation) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/pcie/generation", generation); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t h, unsigned* generation) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/pcie/generation_max", generation); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t h, unsigned* generation) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/pcie/gpu_generation_max", generation); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t h, unsigned* width) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/pcie/width", width); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t h, unsigned* width) {
+  return device_call(__func__, h, [&](Device& d) { return reading(d, "/pcie/width_max", width); });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t h, nvmlPcieUtilCounter_t counter,
+                                                        unsigned* kb_per_s) {
+  return device_call(__func__, h, [&](Device& d) {
+    return reading(d, counter == NVML_PCIE_UTIL_TX_BYTES ? "/pcie/tx_kb_per_s" : "/pcie/rx_kb_per_s", kb_per_s);
   });
 }
 STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t h, nvmlClockType_t type, unsigned* mhz) {
@@ -351,6 +378,47 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t
   return device_call(__func__, h, [&](Device& d) { return processes(d, count, infos); });
 }
 
+// Per-process utilization samples: one per process the profile gives "sm_util" for, stamped
+// with the call count so each call's samples are newer than the last's.
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtilizationSample_t* samples,
+                                                            unsigned* count, unsigned long long /*last_seen*/) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    std::vector<nvmlProcessUtilizationSample_t> taken;
+    const nlohmann::json listed = d.fields.value("processes", nlohmann::json::array());
+    for (size_t k = 0; k < d.processes.size() && k < listed.size(); ++k) {
+      const nlohmann::json& process = listed[k];
+      if (!process.contains("sm_util")) continue;
+      nvmlProcessUtilizationSample_t sample{};
+      sample.pid = d.processes[k].pid;  // "self" resolved
+      sample.timeStamp = 1000000ULL * ++d.calls["process_utilization"];
+      sample.smUtil = process.value("sm_util", 0u);
+      sample.memUtil = process.value("mem_util", 0u);
+      taken.push_back(sample);
+    }
+    if (taken.empty()) return NVML_ERROR_NOT_FOUND;
+    const unsigned capacity = *count;
+    *count = static_cast<unsigned>(taken.size());
+    if (samples == nullptr || capacity < taken.size()) return NVML_ERROR_INSUFFICIENT_SIZE;
+    std::copy(taken.begin(), taken.end(), samples);
+    return NVML_SUCCESS;
+  });
+}
+
+// {"state": 3, "status": 0}: the fabric manager's registration of the GPU (Hopper NVSwitch).
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t h, nvmlGpuFabricInfo_t* info) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (info == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t state = 0, status = 0;
+    if (!d.take("/fabric/state", state)) return NVML_ERROR_NOT_SUPPORTED;
+    d.take("/fabric/status", status);
+    *info = nvmlGpuFabricInfo_t{};
+    info->state = static_cast<nvmlGpuFabricState_t>(state);
+    info->status = static_cast<nvmlReturn_t>(status);
+    return NVML_SUCCESS;
+  });
+}
+
 STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t h, unsigned link, nvmlEnableState_t* active) {
   return device_call(__func__, h, [&](Device& d) {
     return on_link(d, link, [&](const nvml_standin::Link&) {
@@ -392,5 +460,22 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, 
       return NVML_SUCCESS;
     }
     return NVML_ERROR_INVALID_ARGUMENT;
+  });
+}
+// {"replay": 3, "crc_flit": 12}: counts on the GPU's first link; its other links count none.
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t h, unsigned link,
+                                                            nvmlNvLinkErrorCounter_t counter,
+                                                            unsigned long long* value) {
+  return device_call(__func__, h, [&](Device& d) {
+    return on_link(d, link, [&](const nvml_standin::Link&) {
+      if (value == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+      const char* names[] = {"replay", "recovery", "crc_flit", "crc_data"};
+      if (counter < NVML_NVLINK_ERROR_DL_REPLAY || counter > NVML_NVLINK_ERROR_DL_CRC_DATA)
+        return NVML_ERROR_NOT_SUPPORTED;
+      uint64_t count = 0;
+      if (link == 0) d.take(std::string("/nvlink_errors/") + names[counter], count);
+      *value = count;
+      return NVML_SUCCESS;
+    });
   });
 }

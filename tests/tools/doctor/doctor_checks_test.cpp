@@ -245,10 +245,10 @@ TEST(DoctorChecks, LeasedGpusAreNamedWithTheirHolders) {
 
 TEST(DoctorChecks, OtherUsersProcessesWarnWithGpusAndMemory) {
   DoctorInput in = healthy(4);
-  in.gpus.devices[0].processes.push_back({100, uint64_t{2} << 30, true, 1000, "me", "python train.py"});
+  in.gpus.devices[0].processes.push_back({100, uint64_t{2} << 30, true, 1000, "me", "python train.py", {}, {}});
   EXPECT_EQ(check_other_processes(in).status, Status::kPass);
-  in.gpus.devices[2].processes.push_back({200, uint64_t{20} << 30, true, 1001, "alice", "python big.py"});
-  in.gpus.devices[3].processes.push_back({300, uint64_t{3} << 29, false, 0, "", ""});
+  in.gpus.devices[2].processes.push_back({200, uint64_t{20} << 30, true, 1001, "alice", "python big.py", {}, {}});
+  in.gpus.devices[3].processes.push_back({300, uint64_t{3} << 29, false, 0, "", "", {}, {}});
   const Check c = check_other_processes(in);
   EXPECT_EQ(c.status, Status::kWarn);
   EXPECT_NE(c.summary.find("GPU 2 (20 GiB by alice)"), std::string::npos) << c.summary;
