@@ -18,6 +18,8 @@ nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned>
   nlohmann::json processes = nlohmann::json::array();
   for (const gpu::GpuProcess& p : device.processes) {
     nlohmann::json process = {{"pid", p.pid}, {"used_bytes", or_null(p.used_bytes)}};
+    process["sm_utilization"] = or_null(p.sm_utilization);
+    process["memory_utilization"] = or_null(p.memory_utilization);
     process["in_this_namespace"] = p.in_this_namespace;
     if (p.in_this_namespace) {
       process["user"] = p.user;
@@ -39,6 +41,15 @@ nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned>
           {"power_w", watts(device.power_mw)},
           {"power_limit_w", watts(device.power_limit_mw)},
           {"sm_clock_mhz", or_null(device.sm_clock_mhz)},
+          {"memory_clock_mhz", or_null(device.memory_clock_mhz)},
+          {"energy_mj", or_null(device.energy_mj)},
+          {"pcie",
+           {{"generation", or_null(device.pcie_generation)},
+            {"generation_max", or_null(device.pcie_generation_max)},
+            {"width", or_null(device.pcie_width)},
+            {"width_max", or_null(device.pcie_width_max)},
+            {"tx_kb_per_s", or_null(device.pcie_tx_kb_per_s)},
+            {"rx_kb_per_s", or_null(device.pcie_rx_kb_per_s)}}},
           {"throttle_reasons", device.throttle_reasons
                                    ? nlohmann::json(gpu::throttle_reason_names(*device.throttle_reasons))
                                    : nlohmann::json(nullptr)},

@@ -97,7 +97,11 @@ std::vector<std::string> process_rows(const gpu::GpuDevice& device) {
         process.in_this_namespace
             ? (process.user.empty() ? std::to_string(process.uid) : process.user) + "  " + process.command
             : "(another PID namespace: user and command unknown here)";
-    rows.push_back(format("         pid %-8u %10s  %s", process.pid, memory.c_str(), who.c_str()));
+    // NVML's per-process sample: the share of the GPU this process's kernels took.
+    const std::string share = process.sm_utilization ? format("  SM %3u%%  mem %3u%%", *process.sm_utilization,
+                                                              process.memory_utilization.value_or(0))
+                                                     : "";
+    rows.push_back(format("         pid %-8u %10s%s  %s", process.pid, memory.c_str(), share.c_str(), who.c_str()));
   }
   return rows;
 }

@@ -45,11 +45,42 @@ std::optional<std::string> mib(const gpu::GpuDevice& d, uint64_t bytes) {
   return d.memory_total == 0 ? std::nullopt : std::optional<std::string>(std::to_string(bytes / kMiB));
 }
 
+// NVML's KB/s as bytes per second: DCGM's profiling PCIe fields are rates in bytes.
+std::optional<std::string> bytes_per_second(const std::optional<unsigned>& kb_per_s) {
+  return kb_per_s ? std::optional<std::string>(std::to_string(uint64_t{*kb_per_s} * 1024)) : std::nullopt;
+}
+
+template <typename Field>
+std::optional<std::string> nvlink(const gpu::GpuDevice& d, Field field) {
+  return d.nvlink_errors ? std::optional<std::string>(std::to_string(field(*d.nvlink_errors))) : std::nullopt;
+}
+
 // dcgm-exporter's names (etc/default-counters.csv and the DCGM field list).
 const std::vector<Metric>& metrics() {
   static const std::vector<Metric> kMetrics = {
       {"DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
        [](const gpu::GpuDevice& d) { return text(d.sm_clock_mhz); }},
+      {"DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
+       [](const gpu::GpuDevice& d) { return text(d.memory_clock_mhz); }},
+      {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
+       [](const gpu::GpuDevice& d) { return text(d.energy_mj); }},
+      // NVML's 20 ms sample of the link's traffic, where DCGM counts it in hardware.
+      {"DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus (in bytes per second).",
+       [](const gpu::GpuDevice& d) { return bytes_per_second(d.pcie_tx_kb_per_s); }},
+      {"DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus (in bytes per second).",
+       [](const gpu::GpuDevice& d) { return bytes_per_second(d.pcie_rx_kb_per_s); }},
+      {"DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe current link generation.",
+       [](const gpu::GpuDevice& d) { return text(d.pcie_generation); }},
+      {"DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe current link width.",
+       [](const gpu::GpuDevice& d) { return text(d.pcie_width); }},
+      {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
+       [](const gpu::GpuDevice& d) { return nvlink(d, [](const gpu::NvlinkErrors& e) { return e.replay; }); }},
+      {"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.",
+       [](const gpu::GpuDevice& d) { return nvlink(d, [](const gpu::NvlinkErrors& e) { return e.recovery; }); }},
+      {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control CRC errors.",
+       [](const gpu::GpuDevice& d) { return nvlink(d, [](const gpu::NvlinkErrors& e) { return e.crc_flit; }); }},
+      {"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors.",
+       [](const gpu::GpuDevice& d) { return nvlink(d, [](const gpu::NvlinkErrors& e) { return e.crc_data; }); }},
       {"DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
        [](const gpu::GpuDevice& d) { return text(d.temperature_c); }},
       {"DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).",

@@ -43,6 +43,14 @@ const std::map<std::string, QueryField>& known_fields() {
       {"clocks.current.sm", {"clocks.current.sm", "MHz"}},
       {"clocks.max.sm", {"clocks.max.sm", "MHz"}},
       {"clocks.max.sm_clock", {"clocks.max.sm", "MHz"}},
+      {"clocks.mem", {"clocks.current.memory", "MHz"}},
+      {"clocks.current.memory", {"clocks.current.memory", "MHz"}},
+      {"pcie.link.gen.current", {"pcie.link.gen.current", ""}},
+      {"pcie.link.gen.gpucurrent", {"pcie.link.gen.current", ""}},
+      {"pcie.link.gen.max", {"pcie.link.gen.max", ""}},
+      {"pcie.link.gen.gpumax", {"pcie.link.gen.gpumax", ""}},
+      {"pcie.link.width.current", {"pcie.link.width.current", ""}},
+      {"pcie.link.width.max", {"pcie.link.width.max", ""}},
       {"clocks_throttle_reasons.active", {"clocks_throttle_reasons.active", ""}},
       {"clocks_event_reasons.active", {"clocks_event_reasons.active", ""}},
       {"ecc.errors.corrected.volatile.total", {"ecc.errors.corrected.volatile.total", ""}},
@@ -117,6 +125,12 @@ std::string value_of(const TopSample& sample, const gpu::GpuDevice& d, const std
   if (field == "power.limit") return watts(d.power_limit_mw, units);
   if (field == "clocks.current.sm") return number(d.sm_clock_mhz, "MHz", units);
   if (field == "clocks.max.sm") return number(d.sm_clock_max_mhz, "MHz", units);
+  if (field == "clocks.current.memory") return number(d.memory_clock_mhz, "MHz", units);
+  if (field == "pcie.link.gen.current") return number(d.pcie_generation, "", units);
+  if (field == "pcie.link.gen.max") return number(d.pcie_generation_max, "", units);
+  if (field == "pcie.link.gen.gpumax") return number(d.pcie_generation_gpu_max, "", units);
+  if (field == "pcie.link.width.current") return number(d.pcie_width, "", units);
+  if (field == "pcie.link.width.max") return number(d.pcie_width_max, "", units);
   if (field == "clocks_throttle_reasons.active" || field == "clocks_event_reasons.active") {
     if (!d.throttle_reasons) return kNotAvailable;
     char text[32];

@@ -40,6 +40,15 @@ TEST(TopLines, ProcessRowsNameUserAndCommandAndSayWhenAProcessIsInvisible) {
   EXPECT_EQ(rows[1], "         pid 4242       1000 MiB  (another PID namespace: user and command unknown here)");
 }
 
+TEST(TopLines, AProcessWithAUtilizationSampleShowsItsShareOfTheGpu) {
+  gpu::GpuDevice device = two_gpu_sample().gpus.devices[0];
+  device.processes[0].sm_utilization = 93;
+  device.processes[0].memory_utilization = 40;
+  const auto rows = process_rows(device);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0], "         pid 12345     70000 MiB  SM  93%  mem  40%  alice  python train.py");
+}
+
 TEST(TopLines, PlainBlockHasEveryDeviceProcessAndAlertAndNoEscapes) {
   TopSample sample = two_gpu_sample();
   sample.order_warning = "CUDA numbers these GPUs differently from NVML: NVML 0 is CUDA 1";

@@ -29,6 +29,19 @@ TEST(TopQuery, HeaderAndRowsAsNvidiaSmiPrintsThem) {
   EXPECT_EQ(query_rows(sample, parse_query_fields("memory.used, power.draw"), bare), "71234, 312.40\n70000, [N/A]\n");
 }
 
+TEST(TopQuery, PcieLinkAndMemoryClockFieldsAreNvidiaSmis) {
+  const std::vector<QueryField> fields = parse_query_fields(
+      "clocks.mem,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max");
+  const QueryFormat csv = parse_query_format("csv");
+  EXPECT_EQ(query_header(fields, csv),
+            "clocks.current.memory [MHz], pcie.link.gen.current, pcie.link.gen.max, pcie.link.width.current, "
+            "pcie.link.width.max\n");
+  TopSample sample = top_testing::two_gpu_sample();
+  sample.gpus.devices[1].pcie_width = 8;
+  sample.gpus.devices[1].pcie_generation = 1;  // idle
+  EXPECT_EQ(query_rows(sample, fields, csv), "1593 MHz, 4, 4, 16, 16\n1593 MHz, 1, 4, 8, 16\n");
+}
+
 TEST(TopQuery, AliasesAndCaseAreNvidiaSmis) {
   const std::vector<QueryField> fields = parse_query_fields("GPU_NAME,gpu_bus_id,clocks.current.sm");
   ASSERT_EQ(fields.size(), 3u);

@@ -28,6 +28,14 @@ inline gpu::GpuDevice a100(unsigned index, unsigned utilization, uint64_t used_m
   d.power_mw = 312400;
   d.power_limit_mw = 400000;
   d.sm_clock_mhz = 1410;
+  d.memory_clock_mhz = 1593;
+  d.energy_mj = 912345678;
+  d.pcie_generation = d.pcie_generation_max = d.pcie_generation_gpu_max = 4;
+  d.pcie_width = d.pcie_width_max = 16;
+  d.pcie_tx_kb_per_s = 1500;
+  d.pcie_rx_kb_per_s = 250000;
+  d.nvlink_errors = gpu::NvlinkErrors{12, 3, 0, 41, 0};
+  d.behind_nvswitch = true;
   d.throttle_reasons = 0;
   return d;
 }
