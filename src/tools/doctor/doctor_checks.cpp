@@ -53,7 +53,8 @@ std::vector<Check> run_checks(const DoctorInput& in) {
                                check_driver_vs_nccl(in)};
   if (in.gpus.loaded() && !in.gpus.devices.empty()) {
     for (auto rule : {check_visible_devices, check_other_processes, check_gpu_leases, check_ecc, check_retired_pages,
-                      check_row_remapping, check_throttling, check_persistence, check_topology}) {
+                      check_row_remapping, check_throttling, check_persistence, check_topology, check_pcie_link,
+                      check_nvlink_errors, check_fabric_manager}) {
       checks.push_back(rule(in));
     }
   }

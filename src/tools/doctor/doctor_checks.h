@@ -75,6 +75,11 @@ Check check_row_remapping(const DoctorInput& in);
 Check check_throttling(const DoctorInput& in);
 Check check_persistence(const DoctorInput& in);
 Check check_topology(const DoctorInput& in);
+// How the GPUs are connected (doctor_link_checks.cpp): PCIe links against their maxima,
+// NVLink error counters, the NVSwitch fabric manager.
+Check check_pcie_link(const DoctorInput& in);
+Check check_nvlink_errors(const DoctorInput& in);
+Check check_fabric_manager(const DoctorInput& in);
 Check check_shm(const DoctorInput& in);
 Check check_memlock(const DoctorInput& in);
 Check check_cores(const DoctorInput& in);

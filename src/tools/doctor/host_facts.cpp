@@ -120,6 +120,13 @@ HostFacts gather_host_facts(const HostProbe& probe) {
   facts.mpirun_path = find_on_path(probe.path_env, "mpirun");
 
   facts.driver_module_version = module_version(read_text(under("/proc/driver/nvidia/version")));
+  for (const auto& entry : fs::directory_iterator(under("/proc"), error)) {
+    const std::string pid = entry.path().filename().string();
+    if (all_digits(pid) && trim(read_text(entry.path() / "comm")) == "nv-fabricmanager") {
+      facts.fabric_manager_running = true;
+      break;
+    }
+  }
   for (const auto& entry : fs::directory_iterator(under("/proc/driver/nvidia/gpus"), error)) {
     DriverGpu gpu;
     const std::string information = read_text(entry.path() / "information");

@@ -38,6 +38,8 @@ struct HostFacts {
   std::string driver_module_version;
   std::vector<DriverGpu> driver_gpus;
   std::vector<std::string> device_nodes;  // "/dev/nvidia0", … (numbered nodes only)
+  // A process named nv-fabricmanager in /proc: NVSwitch systems need it for CUDA to start.
+  bool fabric_manager_running = false;
 };
 
 struct HostProbe {

@@ -137,6 +137,16 @@ TEST(DoctorCommand, DgxA100PrintsAnNv12MatrixAndPassesTopology) {
   }
 }
 
+// The stand-in's HGX with a link trained down, erring NVLinks and a GPU the fabric manager
+// has not registered: each is named, and the unregistered GPU fails the report.
+TEST(DoctorCommand, HgxFaultsNameTheNarrowLinkTheErringNvlinksAndTheUnregisteredGpu) {
+  const Result r = doctor_with("hgx-h100-faults");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("GPU 1 (x8 of x16 lanes)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GPU 2: 214 replays, 2 recoveries"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GPU 3 (in progress)"), std::string::npos) << r.output;
+}
+
 TEST(DoctorCommand, EveryProfileGivesAReportAndJson) {
   for (const char* profile :
        {"a100-8x-nvlink", "h100-8x", "t4-4x-pcie", "shared-server", "ecc-throttle", "old-driver", "failing-call"}) {

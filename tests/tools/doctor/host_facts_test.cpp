@@ -82,6 +82,16 @@ TEST_F(HostFactsTest, AnEmptyRootHasNoDriverNoShmNoMpi) {
   EXPECT_TRUE(facts.mpirun_path.empty());
 }
 
+TEST_F(HostFactsTest, FindsTheFabricManagersProcessByItsName) {
+  write("proc/812/comm", "sshd\n");
+  HostProbe probe;
+  probe.root = root_.string();
+  EXPECT_FALSE(gather_host_facts(probe).fabric_manager_running);
+  write("proc/2291/comm", "nv-fabricmanager\n");
+  write("proc/self/comm", "nv-fabricmanager\n");  // not a pid: ignored either way
+  EXPECT_TRUE(gather_host_facts(probe).fabric_manager_running);
+}
+
 TEST(HostFacts, CountsCpulists) {
   EXPECT_EQ(count_cpulist("0-3,8,10-11"), 7);
   EXPECT_EQ(count_cpulist("5"), 1);
