@@ -106,6 +106,12 @@ nlohmann::json facts_json(const DoctorInput& in) {
   for (const NumaNode& node : h.numa_nodes) numa.push_back({{"id", node.id}, {"cpulist", node.cpulist}});
   nlohmann::json driver_gpus = nlohmann::json::array();
   for (const DriverGpu& g : h.driver_gpus) driver_gpus.push_back({{"pci_bus_id", g.pci_bus_id}, {"model", g.model}});
+  nlohmann::json xids = nlohmann::json::array();
+  for (const gpu::XidEvent& e : h.xid_events) {
+    xids.push_back({{"pci_bus_id", e.pci_bus_id}, {"xid", e.xid}, {"message", e.message}});
+  }
+  nlohmann::json acs = nlohmann::json::array();
+  for (const AcsBridge& b : h.acs_redirecting_bridges) acs.push_back({{"bdf", b.bdf}, {"acs_control", b.control}});
   nlohmann::json host = {{"shm_present", h.shm_present},
                          {"shm_total_bytes", h.shm_total_bytes},
                          {"shm_free_bytes", h.shm_free_bytes},
@@ -117,7 +123,16 @@ nlohmann::json facts_json(const DoctorInput& in) {
                          {"mpirun", h.mpirun_path},
                          {"driver_module_version", h.driver_module_version},
                          {"driver_gpus", driver_gpus},
-                         {"device_nodes", h.device_nodes}};
+                         {"device_nodes", h.device_nodes},
+                         {"kernel_log_read", h.kernel_log_read},
+                         {"xid_events", xids},
+                         {"kernel_cmdline_read", h.kernel_cmdline_read},
+                         {"iommu_cmdline", h.iommu_cmdline},
+                         {"iommu_present", h.iommu_present},
+                         {"iommu_domain_types", h.iommu_domain_types},
+                         {"pci_bridges", h.pci_bridges},
+                         {"pci_bridges_unreadable", h.pci_bridges_unreadable},
+                         {"acs_redirecting_bridges", acs}};
   nlohmann::json build = {{"cuda_runtime", gpu::cuda_version_string(in.build.cuda_runtime_version)},
                           {"nccl", gpu::nccl_version_string(in.build.nccl_version)},
                           {"mpi_backend", in.build.mpi}};

@@ -58,7 +58,8 @@ std::vector<Check> run_checks(const DoctorInput& in) {
       checks.push_back(rule(in));
     }
   }
-  for (auto rule : {check_shm, check_memlock, check_cores, check_mpi}) checks.push_back(rule(in));
+  for (auto rule : {check_xid, check_iommu_acs, check_shm, check_memlock, check_cores, check_mpi})
+    checks.push_back(rule(in));
   for (Check& check : check_python_stack(in)) checks.push_back(std::move(check));
   if (in.job) checks.push_back(check_job_environment(in));
   return checks;

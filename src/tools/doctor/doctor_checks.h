@@ -80,6 +80,8 @@ Check check_topology(const DoctorInput& in);
 Check check_pcie_link(const DoctorInput& in);
 Check check_nvlink_errors(const DoctorInput& in);
 Check check_fabric_manager(const DoctorInput& in);
+Check check_xid(const DoctorInput& in);        // the driver's Xid reports in the kernel log
+Check check_iommu_acs(const DoctorInput& in);  // IOMMU translation and PCIe ACS against GPU peer-to-peer
 Check check_shm(const DoctorInput& in);
 Check check_memlock(const DoctorInput& in);
 Check check_cores(const DoctorInput& in);

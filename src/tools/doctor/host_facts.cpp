@@ -1,12 +1,15 @@
 #include "tools/doctor/host_facts.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -58,7 +61,119 @@ bool all_digits(const std::string& text) {
   return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// /dev/kmsg hands out one record per read(), and with O_NONBLOCK says EAGAIN after the last
+// one instead of waiting for the next; EPIPE means records were overwritten while reading,
+// and reading goes on with the oldest left. A fake log in tests is a regular file of lines.
+void read_kernel_log(const fs::path& path, HostFacts& facts) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat info {};
+  const bool records = fstat(fd, &info) == 0 && S_ISCHR(info.st_mode);
+  std::string text;                               // a regular file's whole text
+  std::vector<char> buffer(16384);                // above the kernel's 8 KiB limit on one record
+  constexpr size_t kMaxBytes = size_t{64} << 20;  // a log that keeps growing while read ends here
+  size_t total = 0;
+  while (total < kMaxBytes) {
+    const ssize_t n = read(fd, buffer.data(), buffer.size());
+    if (n < 0 && (errno == EINTR || (records && errno == EPIPE))) continue;
+    if (n <= 0) {
+      facts.kernel_log_read = n == 0 || errno == EAGAIN;
+      break;
+    }
+    total += static_cast<size_t>(n);
+    if (!records) {
+      text.append(buffer.data(), static_cast<size_t>(n));
+      continue;
+    }
+    // A record is "prefix;message\n", then its dictionary (" SUBSYSTEM=pci", …) on more lines.
+    std::string_view record(buffer.data(), static_cast<size_t>(n));
+    gpu::XidEvent event;
+    if (gpu::parse_xid_line(record.substr(0, record.find('\n')), event)) facts.xid_events.push_back(std::move(event));
+  }
+  if (total >= kMaxBytes) facts.kernel_log_read = true;
+  close(fd);
+  if (!records) facts.xid_events = gpu::parse_xid_log(text);
+}
+
+bool is_iommu_word(const std::string& word) {
+  for (const char* key : {"intel_iommu=", "amd_iommu=", "iommu=", "iommu.passthrough="}) {
+    if (word.rfind(key, 0) == 0) return true;
+  }
+  return false;
+}
+
+void read_iommu(const fs::path& root, HostFacts& facts) {
+  std::error_code error;
+  std::ifstream cmdline(root / "proc/cmdline");
+  facts.kernel_cmdline_read = cmdline.is_open();
+  for (std::string word; cmdline >> word;) {
+    if (is_iommu_word(word)) facts.iommu_cmdline.push_back(word);
+  }
+  facts.iommu_present = fs::directory_iterator(root / "sys/class/iommu", error) != fs::directory_iterator();
+  for (const auto& group : fs::directory_iterator(root / "sys/kernel/iommu_groups", error)) {
+    const std::string type = trim(read_text(group.path() / "type"));
+    if (!type.empty() && std::find(facts.iommu_domain_types.begin(), facts.iommu_domain_types.end(), type) ==
+                             facts.iommu_domain_types.end()) {
+      facts.iommu_domain_types.push_back(type);
+    }
+  }
+  std::sort(facts.iommu_domain_types.begin(), facts.iommu_domain_types.end());
+}
+
+std::string read_binary(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Every PCI bridge's ACS setting. sysfs gives non-root readers only the config space's first
+// 64 bytes, so a short file says "unknown", not "no ACS".
+void read_pci_bridges(const fs::path& root, HostFacts& facts) {
+  std::error_code error;
+  constexpr size_t kExtendedConfigBytes = 4096;
+  for (const auto& device : fs::directory_iterator(root / "sys/bus/pci/devices", error)) {
+    if (trim(read_text(device.path() / "class")).rfind("0x0604", 0) != 0) continue;
+    ++facts.pci_bridges;
+    const std::string config = read_binary(device.path() / "config");
+    if (config.size() < kExtendedConfigBytes) {
+      ++facts.pci_bridges_unreadable;
+      continue;
+    }
+    const std::optional<uint16_t> control = acs_control(config);
+    if (control && (*control & kAcsPeerToPeerBits)) {
+      facts.acs_redirecting_bridges.push_back({device.path().filename().string(), *control});
+    }
+  }
+  std::sort(facts.acs_redirecting_bridges.begin(), facts.acs_redirecting_bridges.end(),
+            [](const AcsBridge& a, const AcsBridge& b) { return a.bdf < b.bdf; });
+}
+
+uint32_t little_endian(const std::string& bytes, size_t offset, size_t width) {
+  uint32_t value = 0;
+  for (size_t i = 0; i < width; ++i) value |= uint32_t{static_cast<unsigned char>(bytes[offset + i])} << (8 * i);
+  return value;
+}
+
 }  // namespace
+
+std::optional<uint16_t> acs_control(const std::string& config) {
+  constexpr size_t kFirstExtendedCapability = 0x100;
+  constexpr uint32_t kAcsCapabilityId = 0x000D;
+  size_t offset = kFirstExtendedCapability;
+  // Each header is 32 bits: capability id (bits 0-15), version (16-19), next offset (20-31,
+  // 0 at the end). A list can hold at most 960 dword headers; more means a loop.
+  for (int hops = 0; hops < 960 && offset + 4 <= config.size(); ++hops) {
+    const uint32_t header = little_endian(config, offset, 4);
+    if (header == 0 || header == 0xffffffff) return std::nullopt;
+    if ((header & 0xffff) == kAcsCapabilityId) {
+      if (offset + 8 > config.size()) return std::nullopt;
+      return static_cast<uint16_t>(little_endian(config, offset + 6, 2));
+    }
+    const size_t next = (header >> 20) & 0xffc;
+    if (next < kFirstExtendedCapability) return std::nullopt;
+    offset = next;
+  }
+  return std::nullopt;
+}
 
 int count_cpulist(const std::string& cpulist) {
   const std::string text = trim(cpulist);
@@ -145,6 +260,10 @@ HostFacts gather_host_facts(const HostProbe& probe) {
   std::sort(facts.device_nodes.begin(), facts.device_nodes.end(), [](const std::string& a, const std::string& b) {
     return a.size() != b.size() ? a.size() < b.size() : a < b;
   });
+
+  read_kernel_log(under("/dev/kmsg"), facts);
+  read_iommu(root, facts);
+  read_pci_bridges(root, facts);
   return facts;
 }
 

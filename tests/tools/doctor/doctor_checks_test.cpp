@@ -60,7 +60,7 @@ TEST(DoctorChecks, HealthyEightGpuHostPassesEverything) {
   for (const Check& c : checks)
     EXPECT_TRUE(c.status == Status::kPass || c.status == Status::kInfo) << c.name << ": " << c.summary;
   EXPECT_EQ(exit_code(checks), 0);
-  EXPECT_EQ(checks.size(), 20u);
+  EXPECT_EQ(checks.size(), 22u);
 }
 
 TEST(DoctorChecks, ExitCodeIsTheWorstStatus) {
