@@ -107,6 +107,8 @@ CudaSupport cuda_support(int driver_cuda, int built_for);
 
 // "a, b, c" from {"a", "b", "c"} and ", ": the rules' lists in one line.
 std::string join(const std::vector<std::string>& parts, const std::string& separator);
+// "GPU 3": how the rules name a GPU (NVML's index, as nvidia-smi numbers it).
+std::string gpu_label(const gpu::GpuDevice& d);
 
 // The oldest Linux driver that runs any CUDA `major`.x under minor-version compatibility
 // ("525.60.13" for 12); empty for a major the table does not know.

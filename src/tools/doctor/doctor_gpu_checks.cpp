@@ -11,8 +11,6 @@
 namespace lockstep::tools {
 namespace {
 
-std::string gpu_label(const gpu::GpuDevice& d) { return "GPU " + std::to_string(d.index); }
-
 std::string plural(size_t n, const std::string& word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
 
 // The driver's CUDA version against one a component was built for (cuda_support).
@@ -43,6 +41,8 @@ Check compare_cuda(const std::string& name, const std::string& what, int built_f
 }
 
 }  // namespace
+
+std::string gpu_label(const gpu::GpuDevice& d) { return "GPU " + std::to_string(d.index); }
 
 Check check_nvml(const DoctorInput& in) {
   const gpu::GpuState& gpus = in.gpus;

@@ -6,8 +6,6 @@
 namespace lockstep::tools {
 namespace {
 
-std::string gpu_label(const gpu::GpuDevice& d) { return "GPU " + std::to_string(d.index); }
-
 std::string link_text(unsigned width, unsigned generation) {
   std::string text = "x";
   text += std::to_string(width) + " Gen" + std::to_string(generation);
