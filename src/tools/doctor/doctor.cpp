@@ -14,12 +14,14 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/gpu/build_info.h"
+#include "lockstep/gpu/device_order.h"
 #include "lockstep/gpu/gpu_leases.h"
 #include "lockstep/gpu/nvml.h"
 #include "tools/common/commands.h"
 #include "tools/common/duration.h"
 #include "tools/common/flags.h"
 #include "tools/doctor/doctor_checks.h"
+#include "tools/doctor/doctor_deep_probes.h"
 #include "tools/doctor/host_facts.h"
 #include "tools/doctor/python_stack.h"
 
@@ -87,6 +89,68 @@ std::optional<std::string> lookup(const std::map<std::string, std::string>& vars
   return it != vars.end() ? std::optional<std::string>(it->second) : std::nullopt;
 }
 
+const char* outcome_name(ProbeOutcome outcome) {
+  switch (outcome) {
+    case ProbeOutcome::kFinished:
+      return "finished";
+    case ProbeOutcome::kHung:
+      return "hung";
+    case ProbeOutcome::kNotRun:
+      return "not_run";
+  }
+  return "?";
+}
+
+nlohmann::json optional_index(const std::optional<unsigned>& index) {
+  return index ? nlohmann::json(*index) : nlohmann::json();
+}
+
+// --deep's measurements, per pair and per GPU (null without --deep).
+nlohmann::json deep_json(const std::optional<DeepProbes>& deep) {
+  if (!deep) return nullptr;
+  nlohmann::json copies = nlohmann::json::array(), burns = nlohmann::json::array();
+  for (const PeerCopyResult& r : deep->copies) {
+    copies.push_back({{"src", std::string("cuda:") + std::to_string(r.src)},
+                      {"dst", std::string("cuda:") + std::to_string(r.dst)},
+                      {"src_gpu", optional_index(r.src_gpu)},
+                      {"dst_gpu", optional_index(r.dst_gpu)},
+                      {"link", r.link},
+                      {"bytes", r.bytes},
+                      {"repeats", r.repeats},
+                      {"seconds", r.seconds},
+                      {"gb_per_s", r.gbps},
+                      {"outcome", outcome_name(r.outcome)},
+                      {"ok", r.ok()},
+                      {"mismatches", r.mismatches},
+                      {"first_mismatch", r.mismatches ? nlohmann::json(r.first_mismatch) : nlohmann::json()},
+                      {"zeros", r.zeros},
+                      {"error", r.error}});
+  }
+  for (const GemmBurnResult& r : deep->burns) {
+    burns.push_back({{"device", std::string("cuda:") + std::to_string(r.device)},
+                     {"gpu", optional_index(r.gpu)},
+                     {"name", r.name},
+                     {"dtype", r.dtype},
+                     {"n", r.n},
+                     {"iterations", r.iterations},
+                     {"seconds", r.seconds},
+                     {"tflops", r.tflops},
+                     {"outcome", outcome_name(r.outcome)},
+                     {"ok", r.ok()},
+                     {"checked", r.checked},
+                     {"wrong", r.wrong},
+                     {"first_wrong", r.first_wrong},
+                     {"error", r.error}});
+  }
+  return {{"gpus", deep->gpus},
+          {"no_device_reason", deep->no_device_reason},
+          {"timeout_seconds", deep->timeout_seconds},
+          {"error", deep->error},
+          {"stopped", deep->stopped},
+          {"copies", copies},
+          {"burns", burns}};
+}
+
 nlohmann::json facts_json(const DoctorInput& in) {
   nlohmann::json gpus = {{"library", in.gpus.library_path},
                          {"load_error", in.gpus.load_error},
@@ -136,7 +200,11 @@ nlohmann::json facts_json(const DoctorInput& in) {
   nlohmann::json build = {{"cuda_runtime", gpu::cuda_version_string(in.build.cuda_runtime_version)},
                           {"nccl", gpu::nccl_version_string(in.build.nccl_version)},
                           {"mpi_backend", in.build.mpi}};
-  return {{"gpus", gpus}, {"host", host}, {"build", build}, {"python", python_json(in.pythons)}};
+  return {{"gpus", gpus},
+          {"host", host},
+          {"build", build},
+          {"python", python_json(in.pythons)},
+          {"deep", deep_json(in.deep)}};
 }
 
 std::string lowercase(const char* text) {
@@ -171,7 +239,8 @@ int doctor_main(const std::vector<std::string>& args) {
   std::vector<std::string> command;
   if (dashes != args.end()) command.assign(dashes + 1, args.end());
 
-  bool json = false, no_python = false;
+  bool json = false, no_python = false, deep = false;
+  std::string deep_timeout = "20s";
   // Importing TensorFlow from a cold disk takes seconds; an import that takes this long hangs.
   std::string python, python_timeout = "30s";
   Flags flags("lockstep doctor",
@@ -180,15 +249,23 @@ int doctor_main(const std::vector<std::string>& args) {
               "NUMA, MPI, and the Python stack that will run the job: torch, tensorflow and jax in python3 on PATH\n"
               "and the active virtualenv or conda environment, their CUDA, cuDNN and NCCL against the driver.\n"
               "`lockstep doctor [options] -- CMD ...` checks the interpreter CMD runs and the environment variables\n"
-              "that change how it uses the GPUs. Exit code 0: all pass; 1: warnings; 2: failures.");
+              "that change how it uses the GPUs. --deep also runs the GPUs for a few seconds (about one per GPU, plus\n"
+              "the copies): every pair's peer copy checked byte for byte and timed, and a GEMM burn per GPU.\n"
+              "Exit code 0: all pass; 1: warnings; 2: failures.");
   flags.add_switch("json", &json, "print one JSON object (the checks and the facts) instead of the report");
   flags.add("python", &python, "check this Python interpreter (a path, or a name on PATH) instead of the ones found");
   flags.add("python-timeout", &python_timeout, "how long each interpreter may take to import a framework");
+  flags.add_switch("deep", &deep,
+                   "run the GPUs for a few seconds: a peer copy between every ordered pair of GPUs, checked byte for "
+                   "byte and timed, and a GEMM burn on each GPU (TFLOP/s, checked against the CPU)");
+  flags.add("deep-timeout", &deep_timeout, "how long each --deep probe may take before it counts as a hang");
   flags.add_switch("no-python", &no_python,
                    "skip the Python checks (each interpreter takes seconds to import its frameworks)");
   if (!flags.parse(options)) return 0;
   const auto probe_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(parse_duration("--python-timeout", python_timeout) * 1000));
+  const auto deep_limit =
+      std::chrono::milliseconds(static_cast<int64_t>(parse_duration("--deep-timeout", deep_timeout) * 1000));
   if (dashes != args.end() && command.empty())
     throw UsageError("nothing after '--': name the job to check, e.g. -- python3 train.py");
   if (no_python && !python.empty())
@@ -234,6 +311,12 @@ int doctor_main(const std::vector<std::string>& args) {
     }
   }
 
+  if (deep) {
+    in.deep = run_deep_probes({.timeout = deep_limit});
+    // The probes ran in this process: its own CUDA_VISIBLE_DEVICES numbers the GPUs, not the job's.
+    if (in.gpus.loaded()) name_probed_gpus(*in.deep, in.gpus, gpu::cuda_devices_from_environment(in.gpus).visible);
+  }
+
   const std::vector<Check> checks = run_checks(in);
   const int code = exit_code(checks);
   if (json) {
@@ -248,6 +331,13 @@ int doctor_main(const std::vector<std::string>& args) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     print_report(checks);
+  }
+  if (in.deep && !in.deep->stopped.empty()) {
+    // A probe hung in the driver and its thread is still blocked there: exiting normally would
+    // run the CUDA library's teardown against it. The report is out; leave at once.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
   }
   return code;
 }

@@ -58,6 +58,11 @@ std::vector<Check> run_checks(const DoctorInput& in) {
       checks.push_back(rule(in));
     }
   }
+  // --deep: the probes' results, also where no GPU or no CUDA device was found (skipped, never a pass).
+  if (in.deep) {
+    checks.push_back(check_peer_copies(in));
+    checks.push_back(check_gemm_burn(in));
+  }
   for (auto rule : {check_xid, check_iommu_acs, check_shm, check_memlock, check_cores, check_mpi})
     checks.push_back(rule(in));
   for (Check& check : check_python_stack(in)) checks.push_back(std::move(check));

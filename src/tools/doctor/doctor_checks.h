@@ -47,6 +47,60 @@ struct JobCommand {
   std::map<std::string, std::string> variables;
 };
 
+// `lockstep doctor --deep`: what running the GPUs measured (doctor_deep_probes.cpp runs the
+// probes; the rules below judge these plain results, so they are tested on results built by
+// hand). A probe either finished, hung (it did not finish within its deadline: doctor
+// stopped waiting for it and ran nothing after it), or was not run (an earlier one hung).
+enum class ProbeOutcome { kFinished, kHung, kNotRun };
+
+// One ordered pair of GPUs: a buffer of a known pattern copied from cuda:src to cuda:dst
+// (peer to peer), timed, then read back from the destination and compared byte for byte.
+struct PeerCopyResult {
+  int src = 0, dst = 0;                      // the devices cuda:src and cuda:dst
+  std::optional<unsigned> src_gpu, dst_gpu;  // their NVML indices (nvidia-smi's), when known
+  std::string link;    // the pair's link as nvidia-smi topo -m names it ("NV12", "SYS"); "" unknown
+  uint64_t bytes = 0;  // the buffer's size
+  int repeats = 0;     // copies timed
+  double seconds = 0;  // their time, synchronized
+  double gbps = 0;     // bytes * repeats / seconds, in GB/s (10^9 bytes)
+  ProbeOutcome outcome = ProbeOutcome::kFinished;
+  uint64_t mismatches = 0;      // bytes on the destination that differ from the pattern
+  uint64_t first_mismatch = 0;  // the offset of the first of them
+  bool zeros = false;           // the destination read back all zeros
+  std::string error;            // the error the copy raised ("" when none)
+  bool ok() const { return outcome == ProbeOutcome::kFinished && error.empty() && mismatches == 0; }
+};
+
+// One GPU's GEMM burn: n x n products through matmul for about a second, timed, the last
+// product's sub-blocks checked against a CPU reference.
+struct GemmBurnResult {
+  int device = 0;               // cuda:device
+  std::optional<unsigned> gpu;  // its NVML index, when known
+  std::string name;             // the GPU's model ("NVIDIA H100 80GB HBM3"); "" unknown
+  std::string dtype;            // what the products read: "bf16" (autocast), "f32"
+  int64_t n = 0;
+  int iterations = 0;
+  double seconds = 0;
+  double tflops = 0;  // 2 n^3 * iterations / seconds / 10^12
+  ProbeOutcome outcome = ProbeOutcome::kFinished;
+  int64_t checked = 0;      // elements compared with the CPU reference
+  int64_t wrong = 0;        // of them, outside the tolerance
+  std::string first_wrong;  // "C[3, 17] = 0 (expected 12.5)"
+  std::string error;
+  bool ok() const { return outcome == ProbeOutcome::kFinished && error.empty() && wrong == 0; }
+};
+
+struct DeepProbes {
+  int gpus = 0;                  // the distinct GPUs CUDA sees (logical devices sharing one count once)
+  int devices_per_gpu = 1;       // LOCKSTEP_CUDA_DEVICES_PER_GPU: cuda:N runs on CUDA's GPU N / this
+  std::string no_device_reason;  // why CUDA sees none
+  std::vector<PeerCopyResult> copies;
+  std::vector<GemmBurnResult> burns;
+  std::string error;           // a failure outside any one probe (the probes could not start)
+  std::string stopped;         // why the later probes did not run ("the copy cuda:0 → cuda:1 hung"); "" when all ran
+  double timeout_seconds = 0;  // each probe's deadline
+};
+
 struct DoctorInput {
   gpu::GpuState gpus;
   // The GPUs `lockstep run` jobs lease (gpu/gpu_leases.h): NVML index -> what holds the lease.
@@ -59,6 +113,8 @@ struct DoctorInput {
   // The Python interpreters that will run the job, probed (empty with --no-python).
   std::vector<PythonFacts> pythons;
   std::optional<JobCommand> job;
+  // --deep: what running the GPUs measured; empty without --deep (no deep checks).
+  std::optional<DeepProbes> deep;
 };
 
 // The rules, in the order the report lists them.
@@ -82,6 +138,16 @@ Check check_nvlink_errors(const DoctorInput& in);
 Check check_fabric_manager(const DoctorInput& in);
 Check check_xid(const DoctorInput& in);        // the driver's Xid reports in the kernel log
 Check check_iommu_acs(const DoctorInput& in);  // IOMMU translation and PCIe ACS against GPU peer-to-peer
+// --deep (doctor_deep_checks.cpp): the GPU-to-GPU copy matrix and the per-GPU GEMM burn.
+Check check_peer_copies(const DoctorInput& in);
+Check check_gemm_burn(const DoctorInput& in);
+// Names the probed devices as NVML does (index, model, the pairs' links), from CUDA's
+// numbering of the NVML GPUs (gpu::cuda_devices). Leaves them unnamed when the two
+// disagree on how many GPUs there are.
+void name_probed_gpus(DeepProbes& deep, const gpu::GpuState& gpus, const std::vector<unsigned>& cuda_to_nvml);
+// Thresholds of the deep rules.
+inline constexpr double kSlowPairFraction = 0.5;   // a pair below this fraction of its link kind's median: WARN
+inline constexpr double kSlowGemmFraction = 0.85;  // a GPU below this fraction of its model's fastest: WARN
 Check check_shm(const DoctorInput& in);
 Check check_memlock(const DoctorInput& in);
 Check check_cores(const DoctorInput& in);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core/cuda_device.h"
 #include "lockstep/core/device.h"
 #include "tools/common/command_testing.h"
 
@@ -53,6 +54,47 @@ TEST(DoctorCommand, UnknownFlagIsAUsageError) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("frobnicate"), std::string::npos) << r.output;
   EXPECT_EQ(run("doctor --help").exit_code, 0);
+}
+
+// --deep on a machine without a CUDA device (this one, or a build without CUDA): the deep
+// checks are there, skipped as INFO (never a pass), and the exit code is the one without them.
+TEST(DoctorCommand, DeepWithoutACudaDeviceShowsTheDeepChecksSkipped) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device: --deep runs it";
+  const Result plain = run_shell(kNoDriver + kBinary + " doctor --no-python");
+  EXPECT_EQ(plain.output.find("peer-copies"), std::string::npos) << "no probe without --deep\n" << plain.output;
+  const Result deep = run_shell(kNoDriver + kBinary + " doctor --no-python --deep");
+  EXPECT_EQ(deep.exit_code, plain.exit_code) << deep.output;
+  EXPECT_TRUE(deep.exit_code == 0 || deep.exit_code == 1) << deep.output;
+  for (const std::string name : {"peer-copies", "gemm-burn"}) {
+    const size_t at = deep.output.find("INFO  " + name + " ");
+    ASSERT_NE(at, std::string::npos) << name << "\n" << deep.output;
+    const std::string line = deep.output.substr(at, deep.output.find('\n', at) - at);
+    EXPECT_NE(line.find("  skipped: no CUDA device ("), std::string::npos) << line;
+  }
+
+  const Result json = run_shell(kNoDriver + kBinary + " doctor --no-python --deep --json 2>/dev/null");
+  const nlohmann::json out = nlohmann::json::parse(json.output);
+  EXPECT_EQ(out["exit_code"].get<int>(), plain.exit_code);
+  EXPECT_EQ(out["facts"]["deep"]["gpus"], 0);
+  EXPECT_FALSE(out["facts"]["deep"]["no_device_reason"].get<std::string>().empty());
+  EXPECT_TRUE(out["facts"]["deep"]["copies"].empty());
+  int deep_checks = 0;
+  for (const auto& check : out["checks"]) {
+    if (check["name"] == "peer-copies" || check["name"] == "gemm-burn") {
+      ++deep_checks;
+      EXPECT_EQ(check["status"], "info") << check.dump();
+    }
+  }
+  EXPECT_EQ(deep_checks, 2);
+  const Result plain_json = run_shell(kNoDriver + kBinary + " doctor --no-python --json 2>/dev/null");
+  EXPECT_TRUE(nlohmann::json::parse(plain_json.output)["facts"]["deep"].is_null());
+}
+
+TEST(DoctorCommand, HelpSaysDeepRunsTheGpus) {
+  const Result r = run("doctor --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--deep also runs the GPUs for a few seconds"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--deep-timeout"), std::string::npos) << r.output;
 }
 
 #ifdef LOCKSTEP_NVML_STANDIN
@@ -145,6 +187,16 @@ TEST(DoctorCommand, HgxFaultsNameTheNarrowLinkTheErringNvlinksAndTheUnregistered
   EXPECT_NE(r.output.find("GPU 1 (x8 of x16 lanes)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("GPU 2: 214 replays, 2 recoveries"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("GPU 3 (in progress)"), std::string::npos) << r.output;
+}
+
+// NVML sees eight GPUs, CUDA none: the deep checks say so instead of passing.
+TEST(DoctorCommand, DeepOnGpusCudaCannotUseIsSkippedNotPassed) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  const Result r = doctor_with("a100-8x-nvlink", "--deep");
+  EXPECT_EQ(status_of(r.output, "peer-copies"), "INFO") << r.output;
+  EXPECT_EQ(status_of(r.output, "gemm-burn"), "INFO") << r.output;
+  EXPECT_NE(r.output.find("skipped: no CUDA device"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, doctor_with("a100-8x-nvlink").exit_code) << r.output;
 }
 
 TEST(DoctorCommand, EveryProfileGivesAReportAndJson) {
