@@ -16,8 +16,8 @@ TEST(Random, UniformFillsInElementOrder) {
   uniform_(t, -2, 3, rng);
   Philox reference(11, 1);
   const auto values = t.to_vector<double>();
-  // Within 4 ulp: the compiler may fuse low + span * u into one FMA in the library and not
-  // in this file, or the other way round.
+  // Within 4 ulp: the library never fuses low + span * u into one FMA (ops/random.cpp compiles
+  // with -ffp-contract=off), but the compiler may fuse it in this file.
   for (double v : values) EXPECT_DOUBLE_EQ(v, -2 + 5 * reference.next_double());
   EXPECT_EQ(rng.counter(), reference.counter());
   // f32 gets the same draws, rounded.

@@ -1,7 +1,9 @@
 // Fills draw one double per element (two 32-bit words) whatever the dtype, so an f32 and an
 // f64 tensor filled from the same generator state hold the same values up to rounding. On a
 // GPU every element reads its own words of the stream (Philox is counter-based), so the
-// values are the CPU's, and the generator ends where the CPU's loop would leave it.
+// values are the CPU's, and the generator ends where the CPU's loop would leave it. This file
+// compiles with -ffp-contract=off (CMakeLists.txt): low + span * u and mean + stddev * z round
+// the product, then the sum, as the GPU's kernels do, whatever the compiler and its flags.
 #include "lockstep/ops/random.h"
 
 #include <cmath>
@@ -45,15 +47,6 @@ void fill_in_order(const char* op, const Tensor& t, const Fill& value_of) {
 }
 
 #if LOCKSTEP_HAVE_CUDA
-// GCC (and Clang) contract `low + span * u` in the CPU loops above into one fused
-// multiply-add when the target has FMA; the GPU rounds the same way so its values are the
-// CPU's bit for bit (tests/ops/cuda_random_test.cpp checks this).
-#if defined(__FMA__)
-constexpr ops::cuda::MultiplyAdd kHostMultiplyAdd = ops::cuda::MultiplyAdd::fused;
-#else
-constexpr ops::cuda::MultiplyAdd kHostMultiplyAdd = ops::cuda::MultiplyAdd::separate;
-#endif
-
 // Where rng's next word is. Philox keeps its partly used block private; the number of draws
 // until its counter moves tells how many of that block's words are left (none when the
 // first draw moves it).
@@ -89,7 +82,7 @@ void fill_on_gpu(const char* op, const Tensor& t, Philox& rng, GpuFill fill, dou
     const lockstep::cuda::OnDevice on(dense.device());
     ops::dispatch_float(op, t.dtype(), [&]<typename T>() {
       const auto launch = fill == GpuFill::uniform ? ops::cuda::uniform_fill<T> : ops::cuda::normal_fill<T>;
-      launch(dense.data_ptr<T>(), dense.numel(), at, a, b, kHostMultiplyAdd, on.stream());
+      launch(dense.data_ptr<T>(), dense.numel(), at, a, b, on.stream());
     });
   });
   skip_words(rng, at, words_per_element * static_cast<uint64_t>(t.numel()));

@@ -157,17 +157,7 @@ void broadcast_to(const T* x, const Shape& x_shape, T* out, const Shape& out_sha
   }
 }
 
-template <typename T>
-void affine(const T* x, T alpha, T beta, T* out, int64_t n) {
-  // The common cases exactly as written (x + beta, alpha * x), signed zeros included.
-  if (alpha == T(1)) {
-    map(x, out, n, kGrain, [beta](T v) { return v + beta; });
-  } else if (beta == T(0)) {
-    map(x, out, n, kGrain, [alpha](T v) { return alpha * v; });
-  } else {
-    map(x, out, n, kGrain, [alpha, beta](T v) { return alpha * v + beta; });
-  }
-}
+// affine is in affine.cpp, which never fuses its multiply and add.
 
 template <typename T>
 void unary(UnaryOp op, const T* x, T* out, int64_t n) {
@@ -217,7 +207,6 @@ void unary_backward(UnaryOp op, const T* grad, const T* saved, T* grad_x, int64_
 #define LOCKSTEP_INSTANTIATE(T)                                                                        \
   template void binary<T>(BinaryOp, const T*, const Shape&, const T*, const Shape&, T*, const Shape&); \
   template void broadcast_to<T>(const T*, const Shape&, T*, const Shape&, T);                          \
-  template void affine<T>(const T*, T, T, T*, int64_t);                                                \
   template void unary<T>(UnaryOp, const T*, T*, int64_t);                                              \
   template void unary_backward<T>(UnaryOp, const T*, const T*, T*, int64_t);
 LOCKSTEP_INSTANTIATE(float)

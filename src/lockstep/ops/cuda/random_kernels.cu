@@ -66,26 +66,24 @@ __device__ __forceinline__ double unit_double(uint32_t hi, uint32_t lo) {
   return __dmul_rn(static_cast<double>(bits), 1.0 / 9007199254740992.0);
 }
 
-// a + b * c rounded as the host's CPU fill rounded it.
-__device__ __forceinline__ double multiply_add(double a, double b, double c, bool fused) {
-  return fused ? fma(b, c, a) : __dadd_rn(a, __dmul_rn(b, c));
-}
+// a + b * c as the CPU's fill computes it: the product rounded, then the sum (ops/random.cpp
+// compiles with -ffp-contract=off, and this file with --fmad=false: CMakeLists.txt).
+__device__ __forceinline__ double multiply_add(double a, double b, double c) { return __dadd_rn(a, __dmul_rn(b, c)); }
 
 template <typename T>
 __global__ void uniform_kernel(T* __restrict__ out, int64_t n, PhiloxPosition at, double low, double span, T top,
-                               T below_top, bool fused) {
+                               T below_top) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint32_t words[2];
     read_words(at, static_cast<uint64_t>(at.first_word) + 2 * static_cast<uint64_t>(i), words);
-    const T value = static_cast<T>(multiply_add(low, span, unit_double(words[0], words[1]), fused));
+    const T value = static_cast<T>(multiply_add(low, span, unit_double(words[0], words[1])));
     out[i] = value < top ? value : below_top;  // rounding to T may reach high: keep [low, high)
   }
 }
 
 template <typename T>
-__global__ void normal_kernel(T* __restrict__ out, int64_t n, PhiloxPosition at, double mean, double stddev,
-                              bool fused) {
+__global__ void normal_kernel(T* __restrict__ out, int64_t n, PhiloxPosition at, double mean, double stddev) {
   // 2π as the CPU's 2.0 * M_PI folds it.
   constexpr double kTwoPi = 2.0 * 3.14159265358979323846;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -95,7 +93,7 @@ __global__ void normal_kernel(T* __restrict__ out, int64_t n, PhiloxPosition at,
     const double u1 = __dsub_rn(1.0, unit_double(words[0], words[1]));  // (0, 1]
     const double u2 = unit_double(words[2], words[3]);
     const double z = __dmul_rn(sqrt(__dmul_rn(-2.0, log(u1))), cos(__dmul_rn(kTwoPi, u2)));
-    out[i] = static_cast<T>(multiply_add(mean, stddev, z, fused));
+    out[i] = static_cast<T>(multiply_add(mean, stddev, z));
   }
 }
 
@@ -165,20 +163,17 @@ void philox_blocks(uint64_t seed, uint64_t stream, uint64_t first_counter, int64
 }
 
 template <typename T>
-void uniform_fill(T* out, int64_t n, const PhiloxPosition& at, double low, double high, MultiplyAdd rounding,
-                  CUstream_st* stream) {
+void uniform_fill(T* out, int64_t n, const PhiloxPosition& at, double low, double high, CUstream_st* stream) {
   check_position(at);
   const T top = static_cast<T>(high);
   const T below_top = std::nextafter(top, static_cast<T>(low));
-  launch_over(n, stream, uniform_kernel<T>, out, n, at, low, high - low, top, below_top,
-              rounding == MultiplyAdd::fused);
+  launch_over(n, stream, uniform_kernel<T>, out, n, at, low, high - low, top, below_top);
 }
 
 template <typename T>
-void normal_fill(T* out, int64_t n, const PhiloxPosition& at, double mean, double stddev, MultiplyAdd rounding,
-                 CUstream_st* stream) {
+void normal_fill(T* out, int64_t n, const PhiloxPosition& at, double mean, double stddev, CUstream_st* stream) {
   check_position(at);
-  launch_over(n, stream, normal_kernel<T>, out, n, at, mean, stddev, rounding == MultiplyAdd::fused);
+  launch_over(n, stream, normal_kernel<T>, out, n, at, mean, stddev);
 }
 
 template <typename T>
@@ -195,8 +190,8 @@ void dropout_apply(const T* in, const uint8_t* mask, int64_t n, T scale, T* out,
 }
 
 #define LOCKSTEP_INSTANTIATE(T)                                                                                        \
-  template void uniform_fill<T>(T*, int64_t, const PhiloxPosition&, double, double, MultiplyAdd, CUstream_st*);        \
-  template void normal_fill<T>(T*, int64_t, const PhiloxPosition&, double, double, MultiplyAdd, CUstream_st*);         \
+  template void uniform_fill<T>(T*, int64_t, const PhiloxPosition&, double, double, CUstream_st*);                     \
+  template void normal_fill<T>(T*, int64_t, const PhiloxPosition&, double, double, CUstream_st*);                      \
   template void dropout_forward<T>(const T*, int64_t, int64_t, uint64_t, uint64_t, int64_t, uint32_t, T, uint8_t*, T*, \
                                    CUstream_st*);                                                                      \
   template void dropout_apply<T>(const T*, const uint8_t*, int64_t, T, T*, CUstream_st*);

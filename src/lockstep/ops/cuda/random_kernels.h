@@ -25,23 +25,17 @@ struct PhiloxPosition {
   int first_word = 0;
 };
 
-// How the host compiler evaluated `a + b * c` in the CPU fill: as one fused multiply-add
-// (GCC contracts it when the target has FMA) or as a product then a sum. The GPU repeats
-// the same rounding so the values agree bit for bit.
-enum class MultiplyAdd { fused, separate };
-
 // Element i (of n, in order) = low + (high - low) * u, u the double of words 2i and 2i + 1
-// (uints_to_unit_double), rounded to T, and the largest T below high where rounding reached
+// (uints_to_unit_double), the product and the sum each rounded (never one fused multiply-add,
+// as on the CPU), rounded to T, and the largest T below high where rounding reached
 // high: ops/random.cpp's uniform_.
 template <typename T>
-void uniform_fill(T* out, int64_t n, const PhiloxPosition& at, double low, double high, MultiplyAdd rounding,
-                  CUstream_st* stream);
+void uniform_fill(T* out, int64_t n, const PhiloxPosition& at, double low, double high, CUstream_st* stream);
 
-// Element i = mean + stddev * z, z = Philox::next_normal's Box-Muller value from words 4i to
-// 4i + 3, rounded to T: ops/random.cpp's normal_.
+// Element i = mean + stddev * z (product and sum each rounded), z = Philox::next_normal's
+// Box-Muller value from words 4i to 4i + 3, rounded to T: ops/random.cpp's normal_.
 template <typename T>
-void normal_fill(T* out, int64_t n, const PhiloxPosition& at, double mean, double stddev, MultiplyAdd rounding,
-                 CUstream_st* stream);
+void normal_fill(T* out, int64_t n, const PhiloxPosition& at, double mean, double stddev, CUstream_st* stream);
 
 // Dropout over x [samples, per_sample]: element j of sample s is kept when word j % 4 of
 // philox4x32(seed, stream, (first_sample + s) << 32 | j / 4), shifted right by 8, is at
