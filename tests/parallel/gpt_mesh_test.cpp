@@ -3,7 +3,9 @@
 // same bits (pipelines under both schedules, uneven stages, pipelines beside data
 // parallelism); with it, the loss stays within 1e-5 relative. Every mesh of 8 devices is
 // run. Checkpoints move between layouts: weights and optimizer state gathered from one mesh
-// and cut for another continue exactly as on one device.
+// and cut for another continue exactly as on one device. ZeRO-1 on the mesh (the optimizer
+// state sharded across each data-parallel group) gives the bits of the same mesh without it,
+// with half the state per rank over two replicas, and its checkpoints resume without it.
 #include "lockstep/parallel/gpt_mesh.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/data_parallel.h"
+#include "lockstep/parallel/distributed_data_parallel.h"
 #include "lockstep/parallel/gpt_mesh_parallel.h"
 #include "parallel/rank_threads.h"
 
@@ -337,6 +340,147 @@ TEST(GptMesh, GatheringOnOneRankGivesWhatEveryRankWouldGet) {
   expect_same_bits(model->state_dict(), mesh.model().state_dict(), "weights on rank 0");
   // Another root: the pieces go there instead.
   expect_same_bits(mesh.optimizer_state_on(5), everywhere, "optimizer state on rank 5");
+}
+
+GptMeshOptions with_zero(const MeshShape& shape, int zero_stage) {
+  GptMeshOptions options = with_mesh(shape);
+  options.zero_stage = zero_stage;
+  return options;
+}
+
+// Data parallelism over `ranks` ranks as threads, from `start` if given; rank 0's weights and
+// the unsharded optimizer state.
+Outcome on_ddp(const nn::GptConfig& config, int ranks, int steps, uint64_t first_step, const Outcome* start) {
+  std::vector<Outcome> outcomes(static_cast<size_t>(ranks));
+  expect_no_errors(run_ranks(ranks, [&](int r, const std::shared_ptr<comm::Communicator>& world) {
+    auto model = std::make_shared<nn::Gpt>(config, kSeed);
+    DistributedDataParallel ddp(
+        model, adamw, world,
+        {.loss = next_token_loss("input", "target"), .micro_batch = kMicro, .share_weights = false});
+    if (start) {
+      ddp.load_model_state(start->weights);
+      ddp.load_optimizer_state(start->optimizer_state);
+    }
+    Outcome& outcome = outcomes[static_cast<size_t>(r)];
+    for (uint64_t s = first_step; s < first_step + static_cast<uint64_t>(steps); ++s) {
+      const Batch b = batch_at(s, config.context);
+      outcome.losses.push_back(ddp.step({{"input", b.tokens}, {"target", b.targets}},
+                                        {.seed = kSeed, .step = s, .first_sample = static_cast<int64_t>(s) * kBatch})
+                                   .loss);
+    }
+    outcome.weights = model->state_dict();
+    outcome.optimizer_state = ddp.optimizer_state();
+  }));
+  return outcomes[0];
+}
+
+// The replicas' sums reduce-scattered in tree order, each rank's shard stepped, the weights
+// all-gathered: the bits of the all-reduce and the full optimizer on every rank, and of one
+// device where there is no tensor parallelism.
+TEST(GptMeshZero, ShardingTheOptimizerStateAcrossReplicasKeepsTheBits) {
+  const Outcome reference = one_device(kFourBlocks, 3);
+  for (const MeshShape shape : {MeshShape{.dp = 2}, MeshShape{.dp = 2, .pp = 2}, MeshShape{.dp = 4, .pp = 2}}) {
+    SCOPED_TRACE(shape.str());
+    const Outcome zero = on_mesh(kFourBlocks, with_zero(shape, 1), 3);
+    EXPECT_EQ(zero.losses, reference.losses);
+    expect_same_bits(zero.weights, reference.weights, "weights");
+    expect_same_bits(zero.optimizer_state, reference.optimizer_state, "optimizer state");
+  }
+  // Tensor parallelism rounds its partial sums otherwise: the same mesh without ZeRO is the
+  // reference.
+  for (const MeshShape shape : {MeshShape{.dp = 2, .tp = 2}, MeshShape{.dp = 2, .tp = 2, .pp = 2}}) {
+    SCOPED_TRACE(shape.str());
+    const Outcome plain = on_mesh(kFourBlocks, with_zero(shape, 0), 3);
+    const Outcome zero = on_mesh(kFourBlocks, with_zero(shape, 1), 3);
+    EXPECT_EQ(zero.losses, plain.losses);
+    expect_same_bits(zero.weights, plain.weights, "weights");
+    expect_same_bits(zero.optimizer_state, plain.optimizer_state, "optimizer state");
+  }
+}
+
+// AdamW's m and v (8 bytes per parameter) are cut in two over two replicas, on every stage.
+TEST(GptMeshZero, TwoReplicasHoldHalfTheOptimizerStateEach) {
+  const auto state_bytes = [&](int zero_stage) {
+    GptMeshOptions options = with_zero({.dp = 2, .pp = 2}, zero_stage);
+    options.micro_batch = kMicro;
+    const nn::Gpt full(kFourBlocks, kSeed);
+    std::vector<int64_t> bytes(4), kept(4);
+    expect_no_errors(run_ranks(4, [&](int r, const std::shared_ptr<comm::Communicator>& world) {
+      const Device device = Device::cpu(r);
+      const int64_t before = memory_stats(device).allocated_bytes;
+      GptMeshRank part(full, options, world, device, adamw);
+      const Batch b = batch_at(0, kFourBlocks.context);
+      part.step(b.tokens, b.targets, 0, 0, kSeed);
+      bytes[static_cast<size_t>(r)] = part.optimizer_state_bytes();
+      kept[static_cast<size_t>(r)] = memory_stats(device).allocated_bytes - before;
+    }));
+    return std::pair{bytes, kept};
+  };
+  const auto [full_bytes, full_kept] = state_bytes(0);
+  const auto [shard_bytes, shard_kept] = state_bytes(1);
+  for (size_t r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_GT(shard_bytes[r], full_bytes[r] * 45 / 100);
+    EXPECT_LT(shard_bytes[r], full_bytes[r] * 55 / 100);
+    // What the device keeps between steps: the weights and half of m and v, not all of them.
+    EXPECT_LT(shard_kept[r], full_kept[r] - full_bytes[r] * 45 / 100);
+  }
+}
+
+// A checkpoint holds the full unsharded state: saved under ZeRO-1, it resumes on the mesh
+// without it, on one device and under ddp with the bits of an uninterrupted run, and the
+// other way round.
+TEST(GptMeshZero, ACheckpointUnderZero1ResumesOnAnyLayout) {
+  const Outcome reference = one_device(kFourBlocks, 4);
+  const std::vector<double> second_half(reference.losses.begin() + 2, reference.losses.end());
+  const Outcome first_half = on_mesh(kFourBlocks, with_zero({.dp = 2, .pp = 2}, 1), 2);
+  const Outcome plain_mesh = on_mesh(kFourBlocks, with_zero({.dp = 2, .pp = 2}, 0), 2, 2, &first_half);
+  EXPECT_EQ(plain_mesh.losses, second_half);
+  expect_same_bits(plain_mesh.weights, reference.weights, "zero1 dp 2 x pp 2 -> dp 2 x pp 2");
+  expect_same_bits(plain_mesh.optimizer_state, reference.optimizer_state, "zero1 -> mesh optimizer state");
+  const Outcome on_one = one_device(kFourBlocks, 2, 2, &first_half);
+  expect_same_bits(on_one.weights, reference.weights, "zero1 dp 2 x pp 2 -> one device");
+  const Outcome ddp = on_ddp(kFourBlocks, 2, 2, 2, &first_half);
+  EXPECT_EQ(ddp.losses, second_half);
+  expect_same_bits(ddp.weights, reference.weights, "zero1 dp 2 x pp 2 -> ddp 2");
+  // Into the sharded optimizer: from the mesh without ZeRO, onto four replicas.
+  const Outcome unsharded_half = on_mesh(kFourBlocks, with_zero({.pp = 2}, 0), 2);
+  const Outcome sharded = on_mesh(kFourBlocks, with_zero({.dp = 4}, 1), 2, 2, &unsharded_half);
+  expect_same_bits(sharded.weights, reference.weights, "pp 2 -> zero1 dp 4");
+  expect_same_bits(sharded.optimizer_state, reference.optimizer_state, "pp 2 -> zero1 dp 4 optimizer state");
+}
+
+// The Layout under ZeRO-1: what a checkpoint gathers on one rank is what every rank gathers
+// and what the mesh without ZeRO gathers, tensor-parallel shards included.
+TEST(GptMeshZero, GatheringOnOneRankGivesTheStateOfTheMeshWithoutZero) {
+  const auto make = [] { return std::make_shared<nn::Gpt>(kFourBlocks, kSeed); };
+  const auto trained = [&](int zero_stage) {
+    GptMeshOptions options = with_zero({.dp = 2, .tp = 2, .pp = 2}, zero_stage);
+    options.micro_batch = kMicro;
+    auto mesh = std::make_unique<GptMeshParallel>(GptMeshParallelOptions{.mesh = options}, make, adamw);
+    for (uint64_t s = 0; s < 2; ++s) {
+      const Batch b = batch_at(s, kFourBlocks.context);
+      mesh->step({{"tokens", b.tokens}, {"targets", b.targets}},
+                 {.seed = kSeed, .step = s, .first_sample = static_cast<int64_t>(s) * kBatch});
+    }
+    return mesh;
+  };
+  const auto plain = trained(0), zero = trained(1);
+  const NamedTensors expected = plain->optimizer_state();
+  expect_same_bits(zero->optimizer_state(), expected, "optimizer state on every rank");
+  expect_same_bits(zero->optimizer_state_on(0), expected, "optimizer state on rank 0");
+  expect_same_bits(zero->optimizer_state_on(3), expected, "optimizer state on rank 3 (replica 1)");
+  nn::Module* model = zero->model_on(0);
+  ASSERT_NE(model, nullptr);
+  expect_same_bits(model->state_dict(), plain->model().state_dict(), "weights on rank 0");
+}
+
+TEST(GptMeshZero, StageTwoIsAnErrorThatSaysWhatToUse) {
+  const std::string error = check_gpt_mesh(kFourBlocks, with_zero({.dp = 2}, 2));
+  EXPECT_NE(error.find("ZeRO stage 2"), std::string::npos) << error;
+  EXPECT_NE(error.find("not built for the GPT mesh: use zero_stage 1"), std::string::npos) << error;
+  EXPECT_NE(check_gpt_mesh(kFourBlocks, with_zero({.dp = 2}, 3)).find("must be 0"), std::string::npos);
+  EXPECT_EQ(check_gpt_mesh(kFourBlocks, with_zero({.dp = 2}, 1)), "");
 }
 
 TEST(GptMesh, UnevenSplitsAreErrorsThatSayWhatDividesWhat) {

@@ -24,7 +24,15 @@ std::string check_gpt_mesh(const nn::GptConfig& config, const GptMeshOptions& op
   const int tp = options.mesh.tp, pp = options.mesh.pp;
   int64_t given = 0;
   for (const int64_t n : options.blocks_per_stage) given += n;
-  if (config.heads % tp != 0) {
+  if (options.zero_stage == 2) {
+    error << "ZeRO stage 2 (the reduced gradients sharded too) is not built for the GPT mesh: use zero_stage 1 "
+             "(lockstep train --strategy zero1 with --dp/--tp/--pp), or ZeRO-2 under distributed data parallelism "
+             "(--strategy zero2 without --dp/--tp/--pp)";
+  } else if (options.zero_stage != 0 && options.zero_stage != 1) {
+    error << "the GPT mesh's ZeRO stage must be 0 (every rank steps all its parameters) or 1 (the optimizer state "
+             "sharded across each data-parallel group), got "
+          << options.zero_stage;
+  } else if (config.heads % tp != 0) {
     error << "tensor parallelism cuts attention by heads: " << config.heads << " heads do not go to " << tp
           << " ranks; use a --tp that divides " << config.heads << " (or change --heads)";
   } else if (config.vocab % tp != 0) {
@@ -73,7 +81,9 @@ GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std
         << "GptStage parameter " << spec.full_name << " is not the full model's";
     full_index_.push_back(f);
   }
-  gradients_ = std::make_unique<FlatGradients>(stage_->parameters());
+  // Under ZeRO-1 the flat buffer is padded so that it cuts into one part per replica.
+  const int shards = options.zero_stage == 1 ? options.mesh.dp : 1;
+  gradients_ = std::make_unique<FlatGradients>(stage_->parameters(), shards);
   if (stage_->first() && !stage_->last()) {
     // The embedding: the head's use of it arrives from the last stage.
     const std::vector<Tensor>& params = gradients_->params();
@@ -83,7 +93,13 @@ GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std
         params.begin());
     LOCKSTEP_CHECK(tied_index_ < params.size()) << "GptMeshRank: the first stage's head weight is not its embedding";
   }
-  optimizer_ = make_optimizer(stage_->parameters());
+  if (options.zero_stage == 1) {
+    // Mesh ranks keep weights of their own (as GPU ranks do): the parts are all-gathered.
+    sharded_ = std::make_unique<ShardedOptimizer>(*gradients_, *mesh_.dp_group(), make_optimizer,
+                                                  /*share_weights=*/false);
+  } else {
+    optimizer_ = make_optimizer(stage_->parameters());
+  }
 }
 
 StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_t first_sample, uint64_t step,
@@ -182,21 +198,28 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
   dp.barrier();  // so the wait for the slowest replica is not counted as communication
   times.wait = seconds_since(start);
   start = StepClock::now();
-  dp.all_reduce(sums[0]);
+  if (!sharded_) dp.all_reduce(sums[0]);  // ZeRO-1 reduce-scatters them in its step
   const Tensor loss = part.last() ? sums[1] : Tensor::zeros({1}, DType::f64);
   if (part.last()) dp.all_reduce(loss);
   pp.broadcast(loss, stages - 1);
   outcome.loss = loss.data<double>()[0];
   times.communicate += seconds_since(start);
 
-  start = StepClock::now();
-  gradients_->give(sums[0]);
-  {
+  if (sharded_) {
+    // Reduce-scatter in tree order, step this rank's shard, all-gather the weights.
     const comm::FlightPhase phase("optimizer");
-    optimizer_->step();
+    sharded_->step(sums[0], times);
+  } else {
+    start = StepClock::now();
+    gradients_->give(sums[0]);
+    {
+      const comm::FlightPhase phase("optimizer");
+      optimizer_->step();
+    }
+    optimizer_->zero_grad();
+    times.optimizer = seconds_since(start);
   }
-  optimizer_->zero_grad();
-  times.optimizer = seconds_since(start);
+  sums.clear();
   start = StepClock::now();
   if (part.first() && !part.last()) pp.send(part.head_weight, stages - 1, kTiedWeight);
   if (part.last() && !part.first()) pp.recv(part.head_weight, 0, kTiedWeight);

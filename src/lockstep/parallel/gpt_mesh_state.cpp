@@ -1,6 +1,7 @@
 // The mesh's full-model state: the full weights and the unsharded optimizer state gathered
 // from the ranks that own them (replica 0; a replicated tensor, its tensor-parallel rank 0),
-// on every rank or on one, and each rank's part taken back from them.
+// on every rank or on one, and each rank's part taken back from them. Under ZeRO-1 replica
+// 0's rank first assembles its parameters' state from its data-parallel group's shards.
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -123,6 +124,17 @@ Shape GptMeshRank::shard_shape(size_t parameter, int64_t axis) const {
   return shape;
 }
 
+NamedTensors GptMeshRank::unsharded_optimizer_state() {
+  if (!sharded_) return optimizer_->state_dict();
+  // Replica 0 owns the state the gathers take: its rank of the group assembles it.
+  NamedTensors state = sharded_->full_state_dict(0);
+  if (mesh_.coord().dp != 0) {
+    for (const auto& [key, tensor] : sharded_->optimizer().state_dict())
+      if (key == "step") state.emplace_back(key, tensor);
+  }
+  return state;
+}
+
 NamedTensors GptMeshRank::gather_full_weights_on(int root) {
   const std::vector<ShardSpec> specs = stage_->shard_specs();
   const std::vector<Tensor> local = stage_->parameters();
@@ -161,10 +173,10 @@ NamedTensors GptMeshRank::gather_full_weights_on(int root) {
 
 NamedTensors GptMeshRank::gather_full_optimizer_state_on(int root) {
   const std::vector<ShardSpec> specs = stage_->shard_specs();
-  const std::vector<optim::StateSlot>& slots = optimizer_->slots();
+  const std::vector<optim::StateSlot>& slots = optimizer().slots();
   Tensor step;
   std::vector<Piece> own;
-  for (const auto& [key, tensor] : optimizer_->state_dict()) {
+  for (const auto& [key, tensor] : unsharded_optimizer_state()) {
     size_t index = 0;
     std::string slot;
     if (!optim::parse_state_key(key, index, slot)) {
@@ -235,7 +247,7 @@ NamedTensors GptMeshRank::gather_full_weights() {
 NamedTensors GptMeshRank::gather_full_optimizer_state() {
   const MeshCoord c = mesh_.coord();
   const std::vector<ShardSpec> specs = stage_->shard_specs();
-  const std::vector<optim::StateSlot>& slots = optimizer_->slots();
+  const std::vector<optim::StateSlot>& slots = optimizer().slots();
   // Every (parameter, slot) of the full model on every rank — per-element state in one
   // float buffer, counters in an integer one — with a count of the ranks that own each: a
   // slot no rank has yet (no step taken) is left out, as an unsharded optimizer leaves it out.
@@ -257,7 +269,7 @@ NamedTensors GptMeshRank::gather_full_optimizer_state() {
     return slots[entry.slot].per_element ? values[entry.index] : counters[entry.index];
   };
   Tensor step;
-  for (const auto& [key, tensor] : optimizer_->state_dict()) {
+  for (const auto& [key, tensor] : unsharded_optimizer_state()) {
     size_t index = 0;
     std::string slot;
     if (!optim::parse_state_key(key, index, slot)) {
@@ -323,13 +335,19 @@ void GptMeshRank::load_full_optimizer_state(const NamedTensors& optimizer_state)
       continue;
     }
     const auto it = local_index.find(index);
-    if (it == local_index.end()) continue;                   // another stage's parameter
-    const size_t s = slot_index(optimizer_->slots(), slot);  // an unknown slot: load_state_dict names it
-    const bool per_element = s < optimizer_->slots().size() && optimizer_->slots()[s].per_element;
+    if (it == local_index.end()) continue;  // another stage's parameter
+    const std::vector<optim::StateSlot>& slots = optimizer().slots();
+    const size_t s = slot_index(slots, slot);  // an unknown slot: load_state_dict names it
+    const bool per_element = s < slots.size() && slots[s].per_element;
     state.emplace_back(optim::state_key(it->second, slot),
                        per_element ? shard_of(tensor, specs[it->second], tp_rank, tp_size) : tensor);
   }
-  optimizer_->load_state_dict(state);
+  // Under ZeRO-1, this rank's parts of the unsharded state of its parameters.
+  if (sharded_) {
+    sharded_->load_full_state_dict(state);
+  } else {
+    optimizer_->load_state_dict(state);
+  }
 }
 
 }  // namespace lockstep::parallel

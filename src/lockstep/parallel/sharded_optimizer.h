@@ -57,6 +57,9 @@ class ShardedOptimizer {
   double lr() const { return optimizer_->lr(); }
   // Bytes of optimizer state this rank holds.
   int64_t state_bytes() const { return optimizer_->state_bytes(); }
+  // The optimizer over this rank's parts, one parameter per unit (its slots, its "step").
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const optim::Optimizer& optimizer() const { return *optimizer_; }
   // Whether every rank's parameters are one copy in memory they share.
   bool common_weights() const { return common_; }
 
