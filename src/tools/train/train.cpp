@@ -363,8 +363,9 @@ int train_main(const std::vector<std::string>& args) {
   flags.add(
       "strategy", &options.strategy,
       "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
-      "lockstep run; zero1: ddp with the optimizer state sharded across the processes; zero2: the reduced gradients "
-      "sharded too; mesh (implied by --dp, --tp, --pp): a GPT over dp x tp x pp devices driven by this process");
+      "lockstep run; zero1: ddp with the optimizer state sharded across the processes (with --dp, --tp, --pp: the "
+      "mesh's, across each data-parallel group); zero2: the reduced gradients sharded too; mesh (implied by --dp, "
+      "--tp, --pp): a GPT over dp x tp x pp devices driven by this process");
   flags.add("dp", &options.dp, "gpt: data-parallel replicas of the mesh (default: --devices / (tp x pp), else 1)");
   flags.add("tp", &options.tp,
             "gpt: tensor-parallel ranks per replica, each holding 1/T of every block and the vocabulary");

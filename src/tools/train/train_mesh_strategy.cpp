@@ -1,9 +1,10 @@
 // `lockstep train --model gpt --dp D --tp T --pp P`: a GPT on a D x T x P device mesh, each
-// device one rank (parallel/gpt_mesh.h). Started alone, this process drives every device,
-// a worker thread each over a `local` group; started by a launcher (lockstep run, torchrun,
-// mpirun) with a world of D x T x P processes, each process is one device. Checkpoints hold
-// the full model and the unsharded optimizer state, so a run resumes under any layout, or
-// under plain data parallelism.
+// device one rank (parallel/gpt_mesh.h); with --strategy zero1, each rank's optimizer state
+// is sharded across its data-parallel group (GptMeshOptions::zero_stage 1). Started alone,
+// this process drives every device, a worker thread each over a `local` group; started by a
+// launcher (lockstep run, torchrun, mpirun) with a world of D x T x P processes, each
+// process is one device. Checkpoints hold the full model and the unsharded optimizer state,
+// so a run resumes under any layout, or under plain data parallelism.
 #include "lockstep/comm/init.h"
 #include "lockstep/core/device.h"
 #include "lockstep/data/text_dataset.h"
@@ -51,6 +52,10 @@ class MeshStrategy final : public TrainStrategy {
   std::string layout_report(const std::vector<DeviceTotals>& totals) const override {
     const nlohmann::json j = layout_json(totals);
     std::string out = "mesh " + layout_.mesh.str() + ": device d is tp d mod T, dp (d / T) mod D, pp d / (T x D)\n";
+    if (layout_.zero_stage == 1) {
+      out += std::string("zero1: each rank holds 1/") + std::to_string(layout_.mesh.dp) +
+             " of its parameters' optimizer state, the rest on the other replicas of its stage and shard\n";
+    }
     if (layout_.mesh.pp == 1) return out;
     char line[320];
     std::snprintf(line, sizeof(line),
@@ -77,6 +82,7 @@ class MeshStrategy final : public TrainStrategy {
     return {{"dp", layout_.mesh.dp},
             {"tp", layout_.mesh.tp},
             {"pp", layout_.mesh.pp},
+            {"zero_stage", layout_.zero_stage},
             {"processes", world_ ? world_->size() : 1},
             {"schedule", parallel::pipeline_schedule_name(layout_.schedule)},
             {"blocks_per_stage", mesh_.ranks()[0]->blocks_per_stage()},

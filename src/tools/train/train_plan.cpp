@@ -218,8 +218,18 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
   }
   check_model_name(s.model);
   if (given("dp") || given("tp") || given("pp") || given("schedule") || given("stages")) {
-    require(!given("strategy") || s.strategy == "mesh",
-            "--dp, --tp, --pp, --schedule and --stages lay out a mesh; they do not go with --strategy " + s.strategy);
+    // --strategy zero1 beside the mesh's flags shards each rank's optimizer state across its
+    // data-parallel group (DeepSpeed's ZeRO stage 1 beside Megatron-LM's tensor and pipeline
+    // parallelism).
+    require(!given("strategy") || s.strategy != "zero2",
+            "--strategy zero2 (the reduced gradients sharded too) is not built for the mesh (--dp, --tp, --pp, "
+            "--schedule, --stages): use --strategy zero1 with them (the optimizer state sharded across each "
+            "data-parallel group), or --strategy zero2 without them (ddp, one process per device)");
+    require(!given("strategy") || s.strategy == "mesh" || s.strategy == "zero1",
+            "--dp, --tp, --pp, --schedule and --stages lay out a mesh; they do not go with --strategy " + s.strategy +
+                ": leave --strategy out (or give mesh), or give zero1 to shard the optimizer state across each "
+                "data-parallel group");
+    if (given("strategy") && s.strategy == "zero1") plan.mesh.zero_stage = 1;
     s.strategy = "mesh";
   }
   require(

@@ -162,6 +162,46 @@ TEST_F(TrainGpt, ResumesAcrossLayouts) {
   EXPECT_EQ(summary(root_ / "tp-then-pp")["weights_sha256"], summary(root_ / "tp-then-one")["weights_sha256"]);
 }
 
+// --strategy zero1 with the mesh's flags shards each rank's optimizer state across its
+// data-parallel group: the bits of the mesh without it (of one device without tensor
+// parallelism), half the state per rank over two replicas, and a checkpoint that resumes
+// on the mesh without ZeRO and under ddp as if the run had never stopped.
+TEST_F(TrainGpt, Zero1OnTheMeshKeepsTheBitsAndResumesWithoutIt) {
+  const std::string flags = base() + " --layers 2 --lr-schedule cosine:total=6 --steps 6";
+  ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "whole").string()).exit_code, 0);
+  const nlohmann::json whole = summary(root_ / "whole");
+  const Result zero = run(flags + " --strategy zero1 --dp 2 --pp 2 --out " + (root_ / "zero").string());
+  ASSERT_EQ(zero.exit_code, 0) << zero.output;
+  EXPECT_EQ(summary(root_ / "zero")["weights_sha256"], whole["weights_sha256"]);
+  EXPECT_EQ(summary(root_ / "zero")["mesh"]["zero_stage"], 1);
+  EXPECT_EQ(summary(root_ / "zero")["strategy"], "mesh");
+  // Tensor parallelism: the same mesh without ZeRO is the reference; rank 0 holds half the
+  // optimizer state.
+  for (const std::string name : {"tp", "tp-zero"}) {
+    const Result r =
+        run(flags + " --dp 2 --tp 2" + (name == "tp" ? "" : " --strategy zero1") + " --out " + (root_ / name).string());
+    ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+  }
+  const nlohmann::json tp = summary(root_ / "tp"), tp_zero = summary(root_ / "tp-zero");
+  EXPECT_EQ(tp_zero["weights_sha256"], tp["weights_sha256"]);
+  const double ratio = tp_zero["optimizer_state_bytes"].get<double>() / tp["optimizer_state_bytes"].get<double>();
+  EXPECT_GT(ratio, 0.45);
+  EXPECT_LT(ratio, 0.55);
+  EXPECT_EQ(tp["mesh"]["zero_stage"], 0);
+  // Stopped under ZeRO-1, resumed on the mesh without it, and under ddp's processes.
+  for (const std::string name : {"then-mesh", "then-ddp"}) {
+    const Result r = run(flags + " --strategy zero1 --dp 2 --pp 2 --stop-after 3 --out " + (root_ / name).string());
+    ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+  }
+  const Result on_mesh = run(flags + " --dp 2 --pp 2 --resume " + (root_ / "then-mesh").string());
+  ASSERT_EQ(on_mesh.exit_code, 0) << on_mesh.output;
+  EXPECT_EQ(summary(root_ / "then-mesh")["weights_sha256"], whole["weights_sha256"]);
+  const Result on_ddp = run("run -n 2 --log-dir " + (root_ / "logs").string() + " -- " + kBinary + " " + flags +
+                            " --strategy ddp --resume " + (root_ / "then-ddp").string());
+  ASSERT_EQ(on_ddp.exit_code, 0) << on_ddp.output;
+  EXPECT_EQ(summary(root_ / "then-ddp")["weights_sha256"], whole["weights_sha256"]);
+}
+
 TEST_F(TrainGpt, LayoutsThatDoNotDivideAreNamed) {
   const std::string flags = base() + " --steps 1 --layers 2 --out " + (root_ / "bad").string() + " ";
   for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
@@ -172,7 +212,9 @@ TEST_F(TrainGpt, LayoutsThatDoNotDivideAreNamed) {
            {"--dp 2 --tp 2 --devices 2", "needs 4 devices, not 2"},
            {"--dp 3", "3 devices cannot share"},
            {"--pp 2 --schedule zigzag", "--schedule must be gpipe"},
-           {"--tp 2 --strategy ddp", "do not go with --strategy ddp"}}) {
+           {"--tp 2 --strategy ddp", "do not go with --strategy ddp"},
+           {"--dp 2 --strategy zero2",
+            "--strategy zero2 (the reduced gradients sharded too) is not built for the mesh"}}) {
     const Result r = run(flags + arguments);
     EXPECT_EQ(r.exit_code, 2) << arguments << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << arguments << "\n" << r.output;

@@ -136,6 +136,42 @@ TEST(TrainPlan, MeshFlagsLayOutAGptMesh) {
   EXPECT_NE(usage_error(cnn, host(4)).find("use --model gpt"), std::string::npos);
 }
 
+// --strategy zero1 beside the mesh's flags shards the mesh's optimizer state across each
+// data-parallel group; zero2 is not built there, and the error says what to use.
+TEST(TrainPlan, Zero1WithMeshFlagsShardsTheMeshsOptimizerState) {
+  Command mesh;
+  mesh.flags.model = "gpt";
+  mesh.flags.dp = 2;
+  mesh.flags.pp = 2;
+  mesh.given = {"model", "dp", "pp"};
+  EXPECT_EQ(plan(mesh, host(4)).mesh.zero_stage, 0);
+  mesh.flags.strategy = "zero1";
+  mesh.given.insert("strategy");
+  const TrainPlan p = plan(mesh, host(4));
+  EXPECT_EQ(p.settings.strategy, "mesh");
+  EXPECT_EQ(p.mesh.zero_stage, 1);
+  EXPECT_EQ(p.mesh.mesh.dp, 2);
+  EXPECT_EQ(p.mesh.mesh.pp, 2);
+  EXPECT_EQ(p.processes, 1);
+  const TrainPlan process = plan(mesh, launched(1, 4, 4, 4));  // one device per process
+  EXPECT_EQ(process.processes, 4);
+  EXPECT_EQ(process.mesh.zero_stage, 1);
+  // Without mesh flags zero1 stays ddp's.
+  Command ddp;
+  ddp.flags.model = "gpt";
+  ddp.flags.strategy = "zero1";
+  ddp.given = {"model", "strategy"};
+  EXPECT_EQ(plan(ddp, launched(0, 2, 2, 4)).settings.strategy, "zero1");
+  mesh.flags.strategy = "zero2";
+  const std::string error = usage_error(mesh, host(4));
+  EXPECT_NE(error.find("--strategy zero2 (the reduced gradients sharded too) is not built for the mesh"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("use --strategy zero1 with them"), std::string::npos) << error;
+  mesh.flags.strategy = "dp";
+  EXPECT_NE(usage_error(mesh, host(4)).find("or give zero1 to shard the optimizer state"), std::string::npos);
+}
+
 TEST(TrainPlan, ACheckpointFixesItsSettingsAndRefusesOthers) {
   TrainOptions first;
   first.model = "mlp";
