@@ -14,13 +14,17 @@
 //   kept    allocated between steps (gradients are dropped)       12 B/param: weights, m, v
 //   peak1   the most allocated during the first step              16 B/param
 //   peak2   the most allocated during the second step             16 B/param
+// The mesh under ZeRO-1 (zero1 beside tp or pp, e.g. zero1dp2pp2) keeps 1/D of m and v on
+// each of a data-parallel group's D ranks: built 4, kept 4 + 8/D, peak 8 + 12/D (the
+// gradients and this rank's reduce-scattered shard of them).
 // A last pipeline stage that is not also the first holds a copy of the head's tied weight,
 // which is no parameter (the first stage trains it and sends it over): every formula adds
 // 4 B per element of it there. The peaks also hold activations and transient copies of the
 // gradients, which the formula leaves out; a short --context keeps the activations small.
 //
 //   build/bin/gpt_layout_memory [--context 64]
-//       [--layouts 1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4]
+//       [--layouts 1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4,dp2pp2,
+//                  zero1dp2pp2,dp2tp2,zero1dp2tp2]
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -61,14 +65,17 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct Options {
   std::string preset = "gpt2-124m";
   int64_t context = 64;
-  std::string layouts = "1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4";
+  std::string layouts =
+      "1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4,dp2pp2,zero1dp2pp2,dp2tp2,"
+      "zero1dp2tp2";
 };
 
-// A layout to measure: the mesh's shape, or under DistributedDataParallel (zero_stage >= 0)
-// shape.dp ranks.
+// A layout to measure: the mesh's shape (under ZeRO-1 where mesh_zero is 1), or under
+// DistributedDataParallel (zero_stage >= 0) shape.dp ranks.
 struct Requested {
   MeshShape shape;
   int zero_stage = -1;
+  int mesh_zero = 0;
 };
 
 std::vector<std::string> split(const std::string& list) {
@@ -237,17 +244,18 @@ std::vector<int64_t> allocated_on_ranks(int ranks) {
 
 // Builds the layout's ranks from `full` (which lives on `host`, a device no rank uses),
 // measures, steps twice, measures again.
-LayoutMemory measure_layout(const nn::Gpt& full, const MeshShape& shape, Device host) {
+LayoutMemory measure_layout(const nn::Gpt& full, const MeshShape& shape, int zero_stage, Device host) {
   const Clock::time_point start = Clock::now();
   const int ranks = shape.size();
   LayoutMemory layout;
-  layout.label = layout_label(shape);
+  layout.label = zero_stage == 1 ? std::string("zero1 ") + layout_label(shape) : layout_label(shape);
   layout.ranks.resize(static_cast<size_t>(ranks));
   const std::vector<int64_t> before = allocated_on_ranks(ranks);
 
   GptMeshOptions options;
   options.mesh = shape;
   options.micro_batch = 1;
+  options.zero_stage = zero_stage;
   const auto comms = comm::LocalCommunicator::create_group(ranks);
   std::vector<std::unique_ptr<GptMeshRank>> parts(static_cast<size_t>(ranks));
   on_rank_threads(ranks, [&](int r) {
@@ -261,8 +269,18 @@ LayoutMemory measure_layout(const nn::Gpt& full, const MeshShape& shape, Device 
     const int64_t head_copy = stage.last() && !stage.first() ? stage.head_weight.numel() : 0;
     m.holds = holds(stage.plan, head_copy > 0);
     m.built_formula = 4 * m.params + 4 * head_copy;
-    m.kept_formula = 12 * m.params + 4 * head_copy;
-    m.peak_formula = 16 * m.params + 4 * head_copy;
+    if (zero_stage == 1) {
+      // AdamW's m and v cut across the data-parallel group; during a step the gradients and
+      // this rank's reduce-scattered shard of them.
+      m.holds += " mv/";
+      m.holds += std::to_string(shape.dp);
+      const int64_t shard = m.params / shape.dp;
+      m.kept_formula = 4 * m.params + 8 * shard + 4 * head_copy;
+      m.peak_formula = 8 * m.params + 12 * shard + 4 * head_copy;
+    } else {
+      m.kept_formula = 12 * m.params + 4 * head_copy;
+      m.peak_formula = 16 * m.params + 4 * head_copy;
+    }
     m.built = allocated(r) - before[static_cast<size_t>(r)];
   }
 
@@ -373,6 +391,8 @@ void print_table(const std::vector<LayoutMemory>& layouts) {
       "\nformulas, in bytes per parameter the device trains (fp32, AdamW):\n"
       "  mesh layouts   built 4 (weights), kept 12 (and AdamW's m and v), peak 16 (and the gradients), plus\n"
       "                 4 B per element of the tied weight's copy on a last stage that is not the first\n"
+      "  zero1 mesh     built 4, kept 4 + 8/D (m and v sharded across the D replicas of a stage and shard),\n"
+      "                 peak 8 + 12/D (the gradients and this rank's reduced shard), plus the tied copy\n"
       "  ddp            built 8 (weights, the reduced-gradient buffer), kept and peak 16\n"
       "  zero1          built 8, kept 8 + 8/N (m and v sharded), peak 8 + 12/N (and this rank's reduced shard)\n"
       "  zero2          built 4, kept 4 + 8/N, peak 4 + 12/N (the reduced gradients sharded too), plus the\n"
@@ -394,7 +414,8 @@ int main_checked(int argc, char** argv) {
   flags.add("context", &options.context, "the GPT's context (the preset's is 1024): shorter keeps activations small");
   flags.add("layouts", &options.layouts,
             "comma-separated: 1 (one device) or dp<D>, tp<T>, pp<P> together, e.g. tp2pp2 (the mesh); ddp<D>, "
-            "zero1dp<D>, zero2dp<D> (DistributedDataParallel on D ranks)");
+            "zero1dp<D>, zero2dp<D> (DistributedDataParallel on D ranks); zero1 before a mesh with tp or pp, e.g. "
+            "zero1dp2pp2 (the mesh under ZeRO-1)");
   if (!flags.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
   std::vector<Requested> requested;
   int most_ranks = 1;
@@ -414,6 +435,15 @@ int main_checked(int argc, char** argv) {
       return usage_error("bad layout '" + name + "'");
     }
     const MeshShape& shape = layout.shape;
+    if (layout.zero_stage > 0 && (shape.tp > 1 || shape.pp > 1) && mesh.rfind("dp", 0) == 0) {
+      // ZeRO beside tensor or pipeline parallelism: the mesh's own, stage 1 only.
+      if (layout.zero_stage != 1) {
+        return usage_error("bad layout '" + name + "': the mesh shards the optimizer state only (zero1), not zero" +
+                           std::to_string(layout.zero_stage));
+      }
+      layout.mesh_zero = 1;
+      layout.zero_stage = -1;
+    }
     if (shape.dp < 1 || shape.tp < 1 || shape.pp < 1 || layout.zero_stage > 2 ||
         (layout.zero_stage >= 0 && (shape.tp > 1 || shape.pp > 1 || mesh.rfind("dp", 0) != 0))) {
       return usage_error("bad layout '" + name + "'");
@@ -453,7 +483,7 @@ int main_checked(int argc, char** argv) {
   std::vector<LayoutMemory> layouts;
   for (const Requested& request : requested) {
     const MeshShape& shape = request.shape;
-    layouts.push_back(request.zero_stage < 0 ? measure_layout(full, shape, host)
+    layouts.push_back(request.zero_stage < 0 ? measure_layout(full, shape, request.mesh_zero, host)
                                              : measure_zero_layout(full, shape.dp, request.zero_stage, host));
     const LayoutMemory& layout = layouts.back();
     int64_t largest = 0;
