@@ -90,6 +90,32 @@ TEST(DoctorCommand, DeepWithoutACudaDeviceShowsTheDeepChecksSkipped) {
   EXPECT_TRUE(nlohmann::json::parse(plain_json.output)["facts"]["deep"].is_null());
 }
 
+// On a GPU machine: --deep runs them, and --json carries the measurements.
+TEST(DoctorCommand, DeepOnCudaDevicesMeasuresEveryGpuAndPair) {
+  if (cuda::device_count() == 0) {
+    if (cuda::cuda_required()) FAIL() << "LOCKSTEP_REQUIRE_CUDA=1 but no CUDA device: " << cuda::unavailable_reason();
+    GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+  const Result r = run_shell(kBinary + " doctor --no-python --deep --json 2>/dev/null");
+  const nlohmann::json out = nlohmann::json::parse(r.output);
+  const nlohmann::json& deep = out["facts"]["deep"];
+  ASSERT_GE(deep["gpus"].get<int>(), 1) << deep.dump(2);
+  EXPECT_EQ(deep["burns"].size(), deep["gpus"].get<size_t>());
+  for (const auto& burn : deep["burns"]) {
+    EXPECT_TRUE(burn["ok"].get<bool>()) << burn.dump();
+    EXPECT_GT(burn["tflops"].get<double>(), 0) << burn.dump();
+  }
+  for (const auto& copy : deep["copies"]) EXPECT_TRUE(copy["ok"].get<bool>()) << copy.dump();
+  for (const auto& check : out["checks"]) {
+    if (check["name"] == "peer-copies" && deep["gpus"] == 1) {
+      EXPECT_EQ(check["status"], "info") << check.dump();
+    }
+    if (check["name"] == "gemm-burn") {
+      EXPECT_NE(check["status"], "fail") << check.dump();
+    }
+  }
+}
+
 TEST(DoctorCommand, HelpSaysDeepRunsTheGpus) {
   const Result r = run("doctor --help");
   EXPECT_EQ(r.exit_code, 0);

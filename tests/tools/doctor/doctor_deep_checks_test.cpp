@@ -12,6 +12,7 @@
 
 #include "lockstep/core/cuda_device.h"
 #include "lockstep/core/device.h"
+#include "testing/devices.h"
 #include "tools/doctor/doctor_checks.h"
 #include "tools/doctor/doctor_deep_probes.h"
 
@@ -344,6 +345,54 @@ TEST(DoctorDeepProbes, WithoutACudaDeviceNothingRunsAndTheReasonIsGiven) {
   EXPECT_TRUE(deep.copies.empty());
   EXPECT_TRUE(deep.burns.empty());
   EXPECT_TRUE(deep.error.empty()) << deep.error;
+}
+
+// On a GPU machine (the GPU check runs these with LOCKSTEP_REQUIRE_CUDA=1): the probes on the
+// real devices give intact copies and products that match the CPU's.
+TEST(DoctorDeepProbes, OnCudaTheBurnMatchesTheCpuAndEveryCopyArrivesIntact) {
+  LOCKSTEP_SKIP_UNLESS_DEVICE(Device(DeviceType::cuda, 0));
+  const GemmBurnResult one = probe_gemm_burn(Device(DeviceType::cuda, 0), gemm_operands(1024), 0.2);
+  EXPECT_TRUE(one.ok()) << one.error << one.first_wrong;
+  EXPECT_EQ(one.dtype, "bf16");
+  EXPECT_EQ(one.checked, 2 * 64 * 64);
+  EXPECT_GT(one.tflops, 0);
+
+  DeepOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.burn_seconds = 0.2;
+  options.gemm_n = 2048;
+  options.copy_bytes = uint64_t{4} << 20;
+  options.copy_repeats = 3;
+  const DeepProbes deep = run_deep_probes(options);
+  EXPECT_TRUE(deep.error.empty()) << deep.error;
+  EXPECT_TRUE(deep.stopped.empty()) << deep.stopped;
+  ASSERT_GE(deep.gpus, 1);
+  ASSERT_EQ(deep.burns.size(), static_cast<size_t>(deep.gpus));
+  for (const GemmBurnResult& r : deep.burns) {
+    EXPECT_TRUE(r.ok()) << "cuda:" << r.device << ": " << r.error << r.first_wrong;
+    EXPECT_GT(r.tflops, 0);
+  }
+  EXPECT_EQ(deep.copies.size(), static_cast<size_t>(deep.gpus * (deep.gpus - 1)));
+  for (const PeerCopyResult& r : deep.copies) {
+    EXPECT_TRUE(r.ok()) << "cuda:" << r.src << " -> cuda:" << r.dst << ": " << r.error << " " << r.mismatches
+                        << " bytes differ";
+    EXPECT_GT(r.gbps, 0);
+  }
+  DoctorInput in;
+  in.deep = deep;
+  EXPECT_NE(check_gemm_burn(in).status, Status::kFail) << check_gemm_burn(in).summary;
+  EXPECT_NE(check_peer_copies(in).status, Status::kFail) << check_peer_copies(in).summary;
+}
+
+// Two logical devices: on one GPU with LOCKSTEP_CUDA_DEVICES_PER_GPU=2, or two GPUs.
+TEST(DoctorDeepProbes, OnCudaACopyBetweenTwoDevicesIsIntact) {
+  LOCKSTEP_SKIP_UNLESS_DEVICE(Device(DeviceType::cuda, 0), 2);
+  const std::vector<uint8_t> pattern = copy_pattern(uint64_t{8} << 20);
+  const Tensor source =
+      Tensor::from_vector(pattern, {static_cast<int64_t>(pattern.size())}, Device(DeviceType::cuda, 0));
+  const PeerCopyResult r = probe_peer_copy(source, Device(DeviceType::cuda, 1), pattern, 3);
+  EXPECT_TRUE(r.ok()) << r.error << " " << r.mismatches << " bytes differ";
+  EXPECT_GT(r.gbps, 0);
 }
 
 }  // namespace
