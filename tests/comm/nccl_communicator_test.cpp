@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lockstep/comm/cuda/nccl_communicator.h"
+#include "lockstep/comm/cuda/nccl_support.h"
 #include "lockstep/comm/cuda/tree_reduce_kernel.h"
 #include "lockstep/comm/store.h"
 #include "lockstep/comm/tree_reduce.h"
@@ -563,7 +564,67 @@ TEST(NcclCommunicator, SplitRanksByKeyThenOldRank) {
   }
 }
 
+// With ranks in one process NCCL has the peer GPU write into the buffers it is given (the
+// deterministic mode's scratch rows among them): the backend's pool must be open to every
+// other rank's GPU that can reach it, or the peer's kernel faults.
+TEST(NcclCommunicator, BuffersAreOpenToThePeerGpusOfTheProcess) {
+  REQUIRE_CUDA_DEVICES(2);
+  const int n = world_size();
+  run_ranks(n, true, [&](NcclCommunicator& comm) {
+    const Bytes values = irregular(DType::f32, 100000, 3);
+    Tensor t = upload(values, DType::f32, comm.cuda_device());
+    comm.all_reduce(t);
+    cudaMemPool_t pool = nccl::peer_visible_pool(comm.cuda_device());
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == comm.cuda_device()) continue;
+      int can = 0;
+      expect_cuda(cudaDeviceCanAccessPeer(&can, peer, comm.cuda_device()), "cudaDeviceCanAccessPeer");
+      cudaMemLocation location{};
+      location.type = cudaMemLocationTypeDevice;
+      location.id = peer;
+      cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
+      expect_cuda(cudaMemPoolGetAccess(&flags, pool, &location), "cudaMemPoolGetAccess");
+      EXPECT_EQ(flags, can ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone)
+          << "cuda:" << comm.cuda_device() << "'s pool seen from cuda:" << peer;
+    }
+  });
+}
+
 }  // namespace
+
+// ---- the library's version (host calls only: these run without a GPU) ----
+
+TEST(NcclVersion, CodesOfBothFormsReadAndCompare) {
+  EXPECT_EQ(nccl::version_text(21803), "2.18.3");
+  EXPECT_EQ(nccl::version_text(NCCL_VERSION(2, 14, 3)), "2.14.3");
+  EXPECT_EQ(nccl::version_text(2708), "2.7.8");  // before 2.9: major·1000 + minor·100 + patch
+  EXPECT_TRUE(nccl::version_at_least(21400, 21400));
+  EXPECT_TRUE(nccl::version_at_least(22809, 21800));
+  EXPECT_TRUE(nccl::version_at_least(30000, 21899));
+  EXPECT_FALSE(nccl::version_at_least(21799, 21800));
+  EXPECT_FALSE(nccl::version_at_least(2708, 21400));
+  EXPECT_FALSE(nccl::version_at_least(21300, 21400));
+}
+
+TEST(NcclVersion, AnOlderLibraryIsAnErrorNamingBothVersionsAndTheFix) {
+  EXPECT_EQ(nccl::runtime_version_problem(21805, 21800, 22809, "/opt/nccl/libnccl.so.2"), "");
+  EXPECT_EQ(nccl::runtime_version_problem(22809, 21400, 22809, "/opt/nccl/libnccl.so.2"), "");
+  const std::string problem = nccl::runtime_version_problem(21212, 21800, 22809, "/opt/nccl/libnccl.so.2");
+  for (const char* part : {"2.12.12", "2.18.0", "2.28.9", "/opt/nccl/libnccl.so.2", "LD_LIBRARY_PATH", "NCCL_HOME"})
+    EXPECT_NE(problem.find(part), std::string::npos) << part << " in: " << problem;
+  EXPECT_NE(nccl::runtime_version_problem(2708, 21400, 21400, "libnccl.so.2").find("2.7.8"), std::string::npos);
+}
+
+TEST(NcclVersion, TheLoadedLibraryIsNewEnoughForThisBuild) {
+  int runtime = 0;
+  ASSERT_EQ(ncclGetVersion(&runtime), ncclSuccess);
+  EXPECT_TRUE(nccl::version_at_least(runtime, nccl::kMinimumRuntimeVersion)) << nccl::version_text(runtime);
+  EXPECT_NO_THROW(nccl::check_runtime_version());
+  // A build against 2.18's headers or newer calls ncclCommSplit, so it needs 2.18 at run time.
+  EXPECT_EQ(nccl::kMinimumRuntimeVersion,
+            NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0) ? NCCL_VERSION(2, 18, 0) : NCCL_VERSION(2, 14, 0));
+}
+
 }  // namespace lockstep::comm
 
 #else  // !LOCKSTEP_HAVE_NCCL

@@ -89,6 +89,7 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(std::shared_ptr<Store
   LOCKSTEP_CHECK(store != nullptr) << "nccl backend: create needs a store the ranks share";
   LOCKSTEP_CHECK(size >= 1 && rank >= 0 && rank < size)
       << "nccl backend: rank " << rank << " is outside a group of " << size;
+  nccl::check_runtime_version();
   int devices = 0;
   const cudaError_t found = cudaGetDeviceCount(&devices);
   if (found != cudaSuccess) {
@@ -100,6 +101,8 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(std::shared_ptr<Store
       << "nccl backend: rank " << rank << " asked for cuda:" << cuda_device << " but this process sees " << devices
       << " CUDA device(s) (cuda:0..cuda:" << devices - 1 << "; CUDA_VISIBLE_DEVICES may hide others)";
   nccl::CurrentDevice current(cuda_device);
+  // Before the rendezvous: once it completes, every rank of this process is registered.
+  nccl::register_rank_gpu(cuda_device);
   const std::string key = prefix + "/nccl_unique_id";
   ncclUniqueId id;
   if (rank == 0) {

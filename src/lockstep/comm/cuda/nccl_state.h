@@ -62,17 +62,17 @@ struct NcclCommunicator::State {
 
   // The collectives lane: every rank's call description, then the barrier's word (device);
   // the descriptions' host copy; scratch for deterministic folds and staging copies.
-  nccl::DeviceBuffer control{collectives.get()};
+  nccl::DeviceBuffer control{device, collectives.get()};
   nccl::PinnedBuffer descs;
-  nccl::DeviceBuffer scratch{collectives.get()};
-  nccl::DeviceBuffer staging{collectives.get()};
+  nccl::DeviceBuffer scratch{device, collectives.get()};
+  nccl::DeviceBuffer staging{device, collectives.get()};
 
   // The point-to-point lanes' message headers, and where a mismatched message is drained.
-  nccl::DeviceBuffer send_header{sends.get()};
+  nccl::DeviceBuffer send_header{device, sends.get()};
   nccl::PinnedBuffer send_header_host{nccl::kHeaderBytes};
-  nccl::DeviceBuffer recv_header{receives.get()};
+  nccl::DeviceBuffer recv_header{device, receives.get()};
   nccl::PinnedBuffer recv_header_host{nccl::kHeaderBytes};
-  nccl::DeviceBuffer drain{receives.get()};
+  nccl::DeviceBuffer drain{device, receives.get()};
 
   // Communicators, declared last so they are closed first.
   std::unique_ptr<nccl::Comm> world;  // used by the collectives lane only

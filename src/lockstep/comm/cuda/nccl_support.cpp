@@ -1,6 +1,11 @@
 #include "lockstep/comm/cuda/nccl_support.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -256,6 +261,56 @@ void Comm::wait(cudaStream_t stream, const std::string& what, std::chrono::milli
   }
 }
 
+// ---- versions ----
+
+namespace {
+
+struct Version {
+  int major, minor, patch;
+};
+
+Version version_of(int code) {
+  if (code >= 10000) return {code / 10000, code % 10000 / 100, code % 100};
+  return {code / 1000, code % 1000 / 100, code % 100};
+}
+
+}  // namespace
+
+std::string version_text(int code) {
+  const Version v = version_of(code);
+  return std::to_string(v.major) + "." + std::to_string(v.minor) + "." + std::to_string(v.patch);
+}
+
+bool version_at_least(int code, int minimum) {
+  const Version v = version_of(code), m = version_of(minimum);
+  if (v.major != m.major) return v.major > m.major;
+  if (v.minor != m.minor) return v.minor > m.minor;
+  return v.patch >= m.patch;
+}
+
+std::string runtime_version_problem(int runtime, int minimum, int headers, const std::string& library) {
+  if (version_at_least(runtime, minimum)) return {};
+  const Version need = version_of(minimum);
+  return "nccl backend: the NCCL library this process loaded (" + library + ") is version " + version_text(runtime) +
+         ", older than " + version_text(minimum) + ", the oldest this build of Lockstep runs with (it was compiled " +
+         "against NCCL " + version_text(headers) + "'s headers). Make a libnccl.so.2 of NCCL " +
+         std::to_string(need.major) + "." + std::to_string(need.minor) +
+         " or newer the one that loads (LD_LIBRARY_PATH; `ldd` on the program shows which loads), or rebuild " +
+         "Lockstep against the NCCL that is installed (NCCL_HOME)";
+}
+
+void check_runtime_version() {
+  int runtime = 0;
+  LOCKSTEP_NCCL_CALL(ncclGetVersion(&runtime));
+  std::string library = "linked statically";
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) != 0 && info.dli_fname != nullptr) {
+    library = info.dli_fname;
+  }
+  const std::string problem = runtime_version_problem(runtime, kMinimumRuntimeVersion, NCCL_VERSION_CODE, library);
+  if (!problem.empty()) throw CommError(problem);
+}
+
 // ---- Stream, DeviceBuffer, PinnedBuffer ----
 
 Stream::Stream() {
@@ -284,11 +339,78 @@ void Stream::follow_producers(int device) {
   LOCKSTEP_CUDA_CALL(cudaStreamWaitEvent(stream_, ops_done_, 0));
 }
 
+namespace {
+
+// The GPUs of this process's NCCL ranks, and each GPU's pool with the peers it was opened to.
+// Never freed: buffers are freed into the pools until the process ends.
+struct PeerPools {
+  struct Pool {
+    cudaMemPool_t pool = nullptr;
+    std::set<int> granted;  // the GPUs considered so far (granted access, or unable to reach it)
+  };
+  std::mutex mutex;
+  std::set<int> rank_gpus;
+  std::map<int, Pool> pools;
+};
+
+PeerPools& peer_pools() {
+  static auto* pools = new PeerPools();
+  return *pools;
+}
+
+}  // namespace
+
+void register_rank_gpu(int gpu) {
+  PeerPools& p = peer_pools();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.rank_gpus.insert(gpu);
+}
+
+cudaMemPool_t peer_visible_pool(int gpu) {
+  PeerPools& p = peer_pools();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  PeerPools::Pool& entry = p.pools[gpu];
+  if (entry.pool == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = gpu;
+    LOCKSTEP_CUDA_CALL(cudaMemPoolCreate(&entry.pool, &props));
+    entry.granted.insert(gpu);  // the pool's own GPU has access from the start
+  }
+  for (int peer : p.rank_gpus) {
+    if (entry.granted.count(peer) != 0) continue;
+    int can = 0;
+    LOCKSTEP_CUDA_CALL(cudaDeviceCanAccessPeer(&can, peer, gpu));
+    // Without peer-to-peer access NCCL does not use direct pointers between the two GPUs.
+    if (can) {
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = peer;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      const cudaError_t rc = cudaMemPoolSetAccess(entry.pool, &access, 1);
+      if (rc != cudaSuccess) {
+        cudaGetLastError();
+        throw CommError("nccl backend: cudaMemPoolSetAccess could not open GPU " + std::to_string(gpu) +
+                        "'s buffers for NCCL to GPU " + std::to_string(peer) +
+                        ", which runs another rank of this process: " + cudaGetErrorName(rc) + ": " +
+                        cudaGetErrorString(rc) + "; run one rank per process (lockstep run) instead");
+      }
+    }
+    entry.granted.insert(peer);
+  }
+  return entry.pool;
+}
+
 DeviceBuffer::~DeviceBuffer() {
   if (data_) cudaFreeAsync(data_, stream_);
 }
 
 char* DeviceBuffer::reserve(size_t bytes) {
+  // Every use of the buffer reserves it first: a rank that joined the process since the
+  // last call is granted access before the memory is handed to NCCL again.
+  cudaMemPool_t pool = peer_visible_pool(gpu_);
   if (bytes > bytes_) {
     if (data_) {
       LOCKSTEP_CUDA_CALL(cudaFreeAsync(data_, stream_));
@@ -296,7 +418,7 @@ char* DeviceBuffer::reserve(size_t bytes) {
       bytes_ = 0;
     }
     const size_t rounded = (bytes + kDeviceGranule - 1) / kDeviceGranule * kDeviceGranule;
-    LOCKSTEP_CUDA_CALL(cudaMallocAsync(&data_, rounded, stream_));
+    LOCKSTEP_CUDA_CALL(cudaMallocFromPoolAsync(&data_, rounded, pool, stream_));
     bytes_ = rounded;
   }
   return static_cast<char*>(data_);

@@ -107,24 +107,66 @@ class Stream {
   cudaEvent_t ops_done_ = nullptr;
 };
 
-// Device memory that grows on demand, allocated and freed in the order of one stream
-// (cudaMallocAsync): cudaMalloc/cudaFree could synchronize the device and so wait on
-// another lane's NCCL kernel that is itself waiting for a peer.
+// Says that this process runs an NCCL rank on GPU gpu (a CUDA device ordinal); the
+// communicator's rendezvous calls it before ncclCommInitRankConfig, so every GPU of a
+// communicator's ranks in this process is known before any of them can move data.
+void register_rank_gpu(int gpu);
+
+// The stream-ordered memory pool of GPU gpu for NCCL's buffers, readable and writable by the
+// GPUs of this process's other NCCL ranks (register_rank_gpu) that can reach gpu peer to peer.
+// When ranks share a process, NCCL (2.14 to 2.22 at least) has the peer GPU read and write the
+// buffers passed to it directly ("P2P/direct pointer"). Peer access (cudaDeviceEnablePeerAccess,
+// which NCCL turns on) covers cudaMalloc's memory, the caching allocator's tensors, but not
+// a pool's: cudaMallocAsync's memory is the peer's only after cudaMemPoolSetAccess. Access
+// is granted to peers that joined since the last call, for the pool's every allocation, and
+// only to GPUs the process uses (granting it to another would create a context there). A
+// pool of its own, so the device's default pool stays private.
+cudaMemPool_t peer_visible_pool(int gpu);
+
+// Device memory on GPU gpu for NCCL to read and write (from peer_visible_pool) that grows on
+// demand, allocated and freed in the order of one stream (cudaMallocFromPoolAsync): cudaMalloc/
+// cudaFree could synchronize the device and so wait on another lane's NCCL kernel that is
+// itself waiting for a peer.
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(cudaStream_t stream) : stream_(stream) {}
+  DeviceBuffer(int gpu, cudaStream_t stream) : gpu_(gpu), stream_(stream) {}
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  // At least bytes of memory, usable by work queued on the stream from now on. Earlier
-  // contents are lost when it grows.
+  // At least bytes of memory, usable by work queued on the stream from now on, and by the
+  // GPUs of the process's other ranks. Earlier contents are lost when it grows.
   char* reserve(size_t bytes);
 
  private:
+  int gpu_;
   cudaStream_t stream_;
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// NCCL's version codes: major·10000 + minor·100 + patch from 2.9 on, major·1000 + minor·100 +
+// patch before. version_text(21803) is "2.18.3"; version_at_least compares two codes of
+// either form.
+std::string version_text(int code);
+bool version_at_least(int code, int minimum);
+
+// The oldest NCCL library this build runs with: 2.14 (non-blocking communicators,
+// ncclCommFinalize, ncclGetLastError), or 2.18 where the headers it was built against had
+// ncclCommSplit, which split() then calls.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+inline constexpr int kMinimumRuntimeVersion = NCCL_VERSION(2, 18, 0);
+#else
+inline constexpr int kMinimumRuntimeVersion = NCCL_VERSION(2, 14, 0);
+#endif
+
+// Empty when the library's version (ncclGetVersion's code) is at least minimum; else the
+// error, naming both versions, the headers' (NCCL_VERSION_CODE), the library's file and the
+// fixes.
+std::string runtime_version_problem(int runtime, int minimum, int headers, const std::string& library);
+// Throws CommError when the NCCL library this process loaded is older than
+// kMinimumRuntimeVersion: the library may be another installation's than the headers were
+// (libnccl.so.2 names every 2.x), and a missing function would fail at its first call.
+void check_runtime_version();
 
 // Page-locked host memory, so copies of small control blocks (call descriptions, message
 // headers) are truly asynchronous and ordered on the stream.
