@@ -208,6 +208,7 @@ void NcclCommunicator::agree(const CollectiveDesc& desc, const Tensor* a, const 
 void NcclCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc& desc) {
   State& s = *state_;
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &tensor, nullptr, what);
   if (desc.count == 0) return;
@@ -274,6 +275,7 @@ void NcclCommunicator::deterministic_all_reduce(const Tensor& tensor, const Coll
 void NcclCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
   State& s = *state_;
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &input, &output, what);
   if (desc.count == 0) return;
@@ -336,6 +338,7 @@ void NcclCommunicator::deterministic_reduce_scatter(const Tensor& input, const T
 void NcclCommunicator::do_all_gather(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
   State& s = *state_;
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &input, &output, what);
   if (desc.count == 0) return;
@@ -358,6 +361,7 @@ void NcclCommunicator::do_all_gather(const Tensor& input, const Tensor& output, 
 void NcclCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& desc) {
   State& s = *state_;
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, &tensor, nullptr, what);
   if (desc.count == 0) return;
@@ -372,6 +376,7 @@ void NcclCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& 
 void NcclCommunicator::do_barrier(const CollectiveDesc& desc) {
   State& s = *state_;
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, nullptr, nullptr, what);
   // An all-reduce of one word: it completes on a rank only once every rank has joined.
@@ -389,6 +394,7 @@ void NcclCommunicator::do_barrier(const CollectiveDesc& desc) {
 std::shared_ptr<Communicator> NcclCommunicator::do_split(int color, int key, const CollectiveDesc& desc) {
   State& s = *state_;
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   const std::string what = describe(desc) + " on rank " + std::to_string(rank());
   agree(desc, nullptr, nullptr, what);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)

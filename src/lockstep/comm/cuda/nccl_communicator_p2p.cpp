@@ -66,6 +66,7 @@ void NcclCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
       << "nccl backend: " << what << ": the tensor is on " << tensor.device() << " but the communicator is on "
       << nccl::cuda_device(s.device) << "; copy the tensor to its GPU first";
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   nccl::Comm& comm = s.pair(rank(), peer, true, timeout(), what);
   cudaStream_t stream = s.sends.get();
   s.sends.follow_producers(s.device);
@@ -94,6 +95,7 @@ void NcclCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
       << "nccl backend: " << what << ": the tensor is on " << tensor.device() << " but the communicator is on "
       << nccl::cuda_device(s.device) << "; receive into a tensor on its GPU";
   nccl::CurrentDevice current(s.device);
+  const lockstep::cuda::CommunicationScope in_flight(s.device);  // no cudaFree while it runs
   nccl::Comm& comm = s.pair(rank(), peer, false, timeout(), what);
   cudaStream_t stream = s.receives.get();
   s.receives.follow_producers(s.device);  // nothing queued before still reads the tensor

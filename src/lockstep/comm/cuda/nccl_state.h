@@ -11,6 +11,7 @@
 
 #include "lockstep/comm/cuda/nccl_communicator.h"
 #include "lockstep/comm/cuda/nccl_support.h"
+#include "lockstep/core/cuda/runtime.h"
 
 namespace lockstep::comm {
 

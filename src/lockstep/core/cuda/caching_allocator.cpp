@@ -27,16 +27,21 @@ struct Pool {
   MemoryStats stats;
   std::map<size_t, std::vector<void*>> free_blocks;  // rounded size -> cached blocks
 
-  // With the mutex held: gives every cached block back to CUDA.
-  void free_cached(Device device) {
+  // With the mutex held: gives every cached block back to CUDA. cudaFree waits for every
+  // stream of the GPU, so the nccl backend's calls in flight there drain first and new ones
+  // wait (without_communication): an NCCL kernel waiting for a peer that waits for this
+  // process would otherwise never let the free return.
+  void free_cached(Device device, const char* what) {
     if (free_blocks.empty()) return;
     DeviceScope scope(device);
     synchronize(device);  // cudaFree waits for the GPU anyway; this makes the order explicit
-    for (auto& [size, blocks] : free_blocks) {
-      for (void* p : blocks) cudaFree(p);
-      stats.reserved_bytes -= static_cast<int64_t>(size * blocks.size());
-    }
-    free_blocks.clear();
+    without_communication(physical_device(device), what, [&] {
+      for (auto& [size, blocks] : free_blocks) {
+        for (void* p : blocks) cudaFree(p);
+        stats.reserved_bytes -= static_cast<int64_t>(size * blocks.size());
+      }
+      free_blocks.clear();
+    });
   }
 };
 
@@ -66,7 +71,7 @@ void* allocate(Device device, size_t bytes) {
     cudaError_t rc = cudaMalloc(&ptr, size);
     if (rc == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      p.free_cached(device);  // the cache may hold enough, in other sizes
+      p.free_cached(device, "emptying the CUDA cache after an out-of-memory error");  // it may hold enough
       rc = cudaMalloc(&ptr, size);
     }
     if (rc == cudaErrorMemoryAllocation) {
@@ -124,7 +129,7 @@ void empty_cache(Device device) {
   physical_device(device);
   Pool& p = pool(device);
   std::lock_guard<std::mutex> lock(p.mutex);
-  p.free_cached(device);
+  p.free_cached(device, "empty_cache");
 }
 
 }  // namespace lockstep::cuda

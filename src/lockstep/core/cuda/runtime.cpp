@@ -1,7 +1,10 @@
 #include "lockstep/core/cuda/runtime.h"
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -130,6 +133,76 @@ void stream_wait(cudaStream_t waiting, cudaStream_t producer) {
 void synchronize(Device device) {
   const cudaStream_t s = stream(device);
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+namespace {
+
+struct Traffic {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int in_flight = 0;     // open CommunicationScopes
+  bool freeing = false;  // a without_communication is waiting or running
+};
+
+Traffic& traffic(int gpu) {
+  static std::mutex mutex;
+  static auto* all = new std::map<int, Traffic*>();  // never freed: lanes may outlive statics
+  std::lock_guard<std::mutex> lock(mutex);
+  Traffic*& t = (*all)[gpu];
+  if (t == nullptr) t = new Traffic();
+  return *t;
+}
+
+// The GPUs of the scopes the calling thread has open.
+thread_local std::vector<int> open_scopes;
+
+}  // namespace
+
+CommunicationScope::CommunicationScope(int gpu) : gpu_(gpu) {
+  Traffic& t = traffic(gpu);
+  std::unique_lock<std::mutex> lock(t.mutex);
+  t.changed.wait(lock, [&] { return !t.freeing; });
+  ++t.in_flight;
+  open_scopes.push_back(gpu);
+}
+
+CommunicationScope::~CommunicationScope() {
+  Traffic& t = traffic(gpu_);
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    --t.in_flight;
+    const auto mine = std::find(open_scopes.rbegin(), open_scopes.rend(), gpu_);
+    if (mine != open_scopes.rend()) open_scopes.erase(std::next(mine).base());
+  }
+  t.changed.notify_all();
+}
+
+void without_communication(int gpu, const char* what, const std::function<void()>& body) {
+  LOCKSTEP_CHECK(std::find(open_scopes.begin(), open_scopes.end(), gpu) == open_scopes.end())
+      << what << " on GPU " << gpu << " would wait for every stream of the GPU (cudaFree synchronizes it), "
+      << "the NCCL call this thread is making included, which could never finish: not waiting. Free memory "
+      << "outside the collective, or make it need less";
+  Traffic& t = traffic(gpu);
+  {
+    std::unique_lock<std::mutex> lock(t.mutex);
+    t.changed.wait(lock, [&] { return !t.freeing; });  // one free of the GPU at a time
+    t.freeing = true;
+    t.changed.wait(lock, [&] { return t.in_flight == 0; });
+  }
+  const auto done = [&] {
+    {
+      std::lock_guard<std::mutex> lock(t.mutex);
+      t.freeing = false;
+    }
+    t.changed.notify_all();
+  };
+  try {
+    body();
+  } catch (...) {
+    done();
+    throw;
+  }
+  done();
 }
 
 namespace {

@@ -3,6 +3,8 @@
 // device's GPU current. Includes cuda_runtime.h; C++20 (the .cu files include check.h).
 #pragma once
 
+#include <functional>
+
 #include "lockstep/core/cuda/check.h"
 #include "lockstep/core/cuda_device.h"
 
@@ -37,6 +39,31 @@ void stream_wait(cudaStream_t waiting, cudaStream_t producer);
 // on GPU 0 too, and fail where each GPU is exclusive to one process.
 void mark_gpu_used(int gpu);
 bool gpu_used(int gpu);
+
+// The nccl backend's calls in flight on a GPU (a CUDA device ordinal), so that the caching
+// allocator can empty its cache without hanging. cudaFree waits for everything queued on the
+// GPU, the other streams' NCCL kernels included, and such a kernel may wait for a peer rank
+// that is itself waiting for this process to go on (a collective this thread has yet to call,
+// a send its receive must match). The backend opens a CommunicationScope around each call,
+// from its first NCCL operation to its host wait, which ends (done, failed or timed out and
+// aborted) within the communicator's timeout.
+class CommunicationScope {
+ public:
+  // Waits while a without_communication on gpu is running.
+  explicit CommunicationScope(int gpu);
+  ~CommunicationScope();
+  CommunicationScope(const CommunicationScope&) = delete;
+  CommunicationScope& operator=(const CommunicationScope&) = delete;
+
+ private:
+  int gpu_;
+};
+
+// Runs body (a cudaFree, which synchronizes the GPU) once no CommunicationScope is open on
+// gpu, and holds new ones back until it returns: the communication work queued on the GPU
+// drains first. what names the caller for the error thrown, instead of waiting forever, when
+// the calling thread has a scope on gpu open itself.
+void without_communication(int gpu, const char* what, const std::function<void()>& body);
 
 // What launching on a device takes: its GPU current for the scope, and its stream.
 class OnDevice {
