@@ -1,4 +1,4 @@
-// The lockstep command: one binary, one folder per subcommand (train/, run/, top/, doctor/, bench/) and common/.
+// The lockstep command: one binary, one folder per subcommand (train/, run/, top/, doctor/, bench/, plan/) and common/.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -20,6 +20,7 @@ void print_usage(FILE* out) {
       "  run       one process per device for any program (torchrun's contract); see 'lockstep run --help'\n"
       "  doctor    is this machine ready: GPUs, driver vs CUDA/NCCL, topology, /dev/shm, ...; exit 0/1/2\n"
       "  top       live per-GPU utilization, memory, power, processes; logs and Prometheus; see 'lockstep top --help'\n"
+      "  plan      which layouts of a model fit the devices, and how fast each trains; see 'lockstep plan --help'\n"
       "  bench     benchmarks beside their references; 'lockstep bench collectives --help'\n"
       "  version   print the version\n");
 }
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     if (command == "run") return lockstep::tools::run_main(args);
     if (command == "doctor") return lockstep::tools::doctor_main(args);
     if (command == "top") return lockstep::tools::top_main(args);
+    if (command == "plan") return lockstep::tools::plan_main(args);
     if (command == "version" || command == "--version") {
       std::printf("lockstep %s\n", LOCKSTEP_VERSION);
       return 0;

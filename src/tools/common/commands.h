@@ -12,5 +12,6 @@ int run_main(const std::vector<std::string>& args);
 int top_main(const std::vector<std::string>& args);
 int bench_collectives_main(const std::vector<std::string>& args);
 int doctor_main(const std::vector<std::string>& args);
+int plan_main(const std::vector<std::string>& args);
 
 }  // namespace lockstep::tools

@@ -1,0 +1,228 @@
+#include "tools/plan/model_facts.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "lockstep/comm/local_communicator.h"
+#include "lockstep/core/allocator.h"
+#include "lockstep/core/autocast.h"
+#include "lockstep/core/parallel.h"
+#include "lockstep/core/philox.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/ops/elementwise.h"
+#include "lockstep/ops/loss.h"
+#include "lockstep/parallel/gpt_mesh.h"
+#include "lockstep/parallel/gpt_stage.h"
+
+namespace lockstep::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+DType autocast_type(const std::string& precision) {
+  if (precision == "bf16") return DType::bf16;
+  if (precision == "f16") return DType::f16;
+  return DType::f32;
+}
+
+int64_t element_count(const nn::Module& model) {
+  int64_t count = 0;
+  for (const auto& [name, parameter] : model.named_parameters()) count += parameter.numel();
+  return count;
+}
+
+// One forward and backward of `loss_of(m)` on cpu:0: the bytes allocated beyond the weights
+// once forward is done (what backward needs kept) and at the most during backward, less the
+// gradients it leaves (a layout keeps those in buffers of its own); its seconds.
+struct Probe {
+  double kept = 0, peak = 0, seconds = 0;
+};
+Probe probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, int64_t m, DType precision) {
+  const Device device = Device::cpu(0);
+  model.zero_grad();
+  const int64_t before = memory_stats(device).allocated_bytes;
+  reset_peak_memory_stats(device);
+  Probe result;
+  const auto start = Clock::now();
+  {
+    AutocastGuard autocast(precision);
+    const Tensor loss = loss_of(m);
+    result.kept = static_cast<double>(memory_stats(device).allocated_bytes - before);
+    loss.backward();
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double gradients = 4.0 * static_cast<double>(element_count(model));
+  result.peak = static_cast<double>(memory_stats(device).peak_allocated_bytes - before) - gradients;
+  model.zero_grad();
+  return result;
+}
+
+// Per sample and fixed, from probes of one and two samples (the second run of each size
+// times it, the first warms the allocator and the threads up).
+struct Scaled {
+  double kept = 0, transient = 0;  // per sample: kept after forward; the most backward adds to it
+  double fixed_bytes = 0, per_sample_seconds = 0, fixed_seconds = 0;
+};
+Scaled scaled_probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, DType precision) {
+  (void)probe(model, loss_of, 1, precision);
+  const Probe one = probe(model, loss_of, 1, precision);
+  const Probe two = probe(model, loss_of, 2, precision);
+  Scaled s;
+  s.kept = std::max(0.0, two.kept - one.kept);
+  s.transient = std::max(0.0, (two.peak - one.peak) - s.kept);
+  s.fixed_bytes = std::max(0.0, one.peak - (s.kept + s.transient));
+  // Timing is noisier than counting: a micro-batch of two costs at least one of one.
+  s.per_sample_seconds = std::clamp(two.seconds - one.seconds, two.seconds / 4, two.seconds / 2);
+  s.fixed_seconds = std::max(0.0, one.seconds - s.per_sample_seconds);
+  return s;
+}
+
+// A block's share and the rest's, from models of one block (a) and two (b).
+ActivationBytes split_blocks(const Scaled& a, const Scaled& b) {
+  ActivationBytes bytes;
+  bytes.block_kept = std::max(0.0, b.kept - a.kept);
+  bytes.rest_kept = std::max(0.0, a.kept - bytes.block_kept);
+  // Backward works on one block at a time: what it adds does not grow with the blocks. The
+  // last stage's is the measured one (its head and a block); a stage of blocks alone adds
+  // about a block's activations (their gradients).
+  bytes.last_transient = std::max(a.transient, b.transient);
+  bytes.other_transient = std::min(bytes.last_transient, bytes.block_kept);
+  return bytes;
+}
+
+std::function<Tensor(int64_t)> gpt_loss_of(nn::Gpt& model) {
+  return [&model](int64_t m) {
+    const nn::GptConfig& c = model.config;
+    Philox rng(1, 2);
+    std::vector<int64_t> tokens(static_cast<size_t>(m * c.context)), targets(tokens.size());
+    for (int64_t& t : tokens) t = rng.next_u32() % c.vocab;
+    for (int64_t& t : targets) t = rng.next_u32() % c.vocab;
+    const Tensor x = Tensor::from_vector(tokens, {m, c.context});
+    const Tensor y = Tensor::from_vector(targets, {m, c.context});
+    return nn::gpt_loss(model.forward(x), y);
+  };
+}
+
+// The FLOPs of a sample through one block and through the rest, forward and backward (3x
+// forward): the block's four products (12 w^2 weights) and attention's two T x T products;
+// the head's product with the vocabulary.
+double gpt_block_flops(const nn::GptConfig& c) {
+  const double t = static_cast<double>(c.context), w = static_cast<double>(c.width);
+  return 3.0 * t * (24.0 * w * w + 4.0 * t * w);
+}
+double gpt_base_flops(const nn::GptConfig& c) {
+  return 3.0 * static_cast<double>(c.context) * 2.0 * static_cast<double>(c.width) * static_cast<double>(c.vocab);
+}
+
+}  // namespace
+
+ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& precision, int threads) {
+  nn::check_gpt_config(config);
+  const auto start = Clock::now();
+  const int previous = num_threads();
+  set_num_threads(threads);
+  const DType autocast = autocast_type(precision);
+
+  ModelFacts facts;
+  facts.transformer = true;
+  facts.gpt = config;
+  facts.parameters = static_cast<int64_t>(nn::gpt_parameter_count(config));
+  facts.label = "GPT: " + std::to_string(config.layers) + " layers, width " + std::to_string(config.width) + ", " +
+                std::to_string(config.heads) + " heads, context " + std::to_string(config.context) + ", vocabulary " +
+                std::to_string(config.vocab);
+
+  // One block and two, plain and checkpointed: a block's share is their difference.
+  Scaled plain[2], checkpointed[2];
+  for (int blocks = 1; blocks <= 2; ++blocks) {
+    nn::GptConfig small = config;
+    small.layers = blocks;
+    nn::Gpt model(small, 1);
+    plain[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast);
+    model.checkpoint_activations = true;
+    checkpointed[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast);
+  }
+  set_num_threads(previous);
+  facts.activations = split_blocks(plain[0], plain[1]);
+  facts.checkpointed = split_blocks(checkpointed[0], checkpointed[1]);
+  // A pipeline's first stage keeps the embeddings' outputs, its last the head's: measure the
+  // former alone, as the model's forward computes them.
+  {
+    nn::GptConfig small = config;
+    small.layers = 1;
+    nn::Gpt model(small, 1);
+    const auto embedded = [&](int64_t m) {
+      const Device device = Device::cpu(0);
+      const int64_t before = memory_stats(device).allocated_bytes;
+      const Tensor tokens = Tensor::zeros({m, config.context}, DType::i64);
+      const Tensor x = model.wte->forward(tokens) + model.wpe->forward(nn::gpt_positions(tokens, config));
+      return static_cast<double>(memory_stats(device).allocated_bytes - before);
+    };
+    const double first = std::max(0.0, embedded(2) - embedded(1));
+    facts.activations.first_kept = std::min(first, facts.activations.rest_kept);
+    facts.checkpointed.first_kept = std::min(first, facts.checkpointed.rest_kept);
+  }
+  facts.workspace_bytes = std::max(plain[1].fixed_bytes, checkpointed[1].fixed_bytes);
+  facts.block.seconds = std::max(0.0, plain[1].per_sample_seconds - plain[0].per_sample_seconds);
+  facts.base.seconds = std::max(plain[0].per_sample_seconds - facts.block.seconds, 0.0);
+  facts.micro_batch_seconds = plain[1].fixed_seconds;
+  facts.block.flops = gpt_block_flops(config);
+  facts.base.flops = gpt_base_flops(config);
+
+  // The devices' parameters as the mesh builds them: each stage from the full model, cut for
+  // rank 0 of its tensor-parallel group (every rank of a group holds the same shapes).
+  auto full = std::make_shared<nn::Gpt>(config, 1);
+  auto shares = std::make_shared<std::map<std::tuple<int, int, int>, DeviceShare>>();
+  facts.share = [full, shares](int tp, int pp, int stage) {
+    const auto key = std::make_tuple(tp, pp, stage);
+    const auto found = shares->find(key);
+    if (found != shares->end()) return found->second;
+    parallel::GptMeshOptions options;
+    options.mesh = {.dp = 1, .tp = tp, .pp = pp};
+    const std::vector<int64_t> blocks = parallel::gpt_blocks_per_stage(full->config, options);
+    const parallel::GptStagePlan plan = parallel::gpt_stage_plans(blocks)[static_cast<size_t>(stage)];
+    const auto group = comm::LocalCommunicator::create_group(tp);
+    parallel::GptStage built(*full, plan, group[0]);
+    DeviceShare share{.trained = element_count(built),
+                      .copied = built.last() && !built.first() ? built.head_weight.numel() : 0,
+                      .blocks = plan.end_block - plan.first_block,
+                      .first = built.first(),
+                      .last = built.last()};
+    shares->emplace(key, share);
+    return share;
+  };
+  facts.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return facts;
+}
+
+ModelFacts image_model_facts(const std::string& name, const std::string& precision, int threads) {
+  const auto start = Clock::now();
+  const int previous = num_threads();
+  set_num_threads(threads);
+  std::shared_ptr<nn::Module> model = nn::make_model(name, 1);
+  const auto loss_of = [&model](int64_t m) {
+    Philox rng(1, 2);
+    std::vector<float> pixels(static_cast<size_t>(m * 28 * 28));
+    for (float& p : pixels) p = static_cast<float>(rng.next_u32() % 256) / 255.0f;
+    std::vector<int64_t> labels(static_cast<size_t>(m));
+    for (int64_t& l : labels) l = rng.next_u32() % 10;
+    return cross_entropy(model->forward(Tensor::from_vector(pixels, {m, 1, 28, 28})), Tensor::from_vector(labels, {m}));
+  };
+  const Scaled scaled = scaled_probe(*model, loss_of, autocast_type(precision));
+  set_num_threads(previous);
+
+  ModelFacts facts;
+  facts.label = name + " (Fashion-MNIST's 28x28 images, 10 classes)";
+  facts.parameters = element_count(*model);
+  facts.activations = {.rest_kept = scaled.kept, .last_transient = scaled.transient};
+  facts.base.seconds = scaled.per_sample_seconds;
+  facts.workspace_bytes = scaled.fixed_bytes;
+  facts.micro_batch_seconds = scaled.fixed_seconds;
+  const int64_t parameters = facts.parameters;
+  facts.share = [parameters](int, int, int) { return DeviceShare{.trained = parameters}; };
+  facts.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return facts;
+}
+
+}  // namespace lockstep::tools
