@@ -3,6 +3,12 @@
 #include "lockstep/gpu/xid_log.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 namespace lockstep::gpu {
 namespace {
@@ -79,6 +85,49 @@ TEST(XidLog, KnowsWhichXidsAreSerious) {
   EXPECT_EQ(xid_meaning(74).text, "NVLink error");
   EXPECT_TRUE(xid_meaning(9999).text.empty());
   EXPECT_FALSE(xid_meaning(9999).serious);
+}
+
+// top follows the log: each read hands out only what was added since the last, and a line
+// still being written waits until it is whole. A fake log is a regular file, as in doctor's tests.
+TEST(XidLog, AFollowerReadsOnlyWhatWasAddedAndWholeLinesOnly) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("lockstep-kmsg-" + std::to_string(getpid()));
+  {
+    std::ofstream out(path);
+    out << "[ 1.0] Linux version 6.1.0\n"
+        << "[ 5.0] NVRM: Xid (PCI:0000:07:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
+        << "[ 6.0] NVRM: Xid (PCI:0000:0f:00): 13, Graphics Exception\n";
+  }
+  XidLogFollower log(path.string());
+  std::vector<XidEvent> events;
+  ASSERT_TRUE(log.read(events));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].pci_bus_id, "0000:07:00.0");
+  EXPECT_EQ(events[0].xid, 79);
+  EXPECT_EQ(events[1].xid, 13);
+  events.clear();
+  ASSERT_TRUE(log.read(events));
+  EXPECT_TRUE(events.empty()) << "the same reports read twice";
+  {
+    std::ofstream out(path, std::ios::app);
+    out << "[ 7.0] NVRM: Xid (PCI:0000:07:00): 48, An uncorrectable double bit error\n"
+        << "[ 8.0] NVRM: Xid (PCI:0000:07:00): 9";  // still being written
+  }
+  ASSERT_TRUE(log.read(events));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].xid, 48);
+  events.clear();
+  {
+    std::ofstream out(path, std::ios::app);
+    out << "4, GSP error\n";
+  }
+  ASSERT_TRUE(log.read(events));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].xid, 94);
+  std::filesystem::remove(path);
+
+  XidLogFollower missing((path.string() + ".none"));
+  EXPECT_FALSE(missing.read(events)) << "an unreadable log is unknown, not clean";
 }
 
 }  // namespace

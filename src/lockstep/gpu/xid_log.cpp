@@ -1,6 +1,11 @@
 #include "lockstep/gpu/xid_log.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 
 #include "lockstep/gpu/pci_bus_id.h"
 
@@ -117,6 +122,44 @@ XidMeaning xid_meaning(int xid) {
     default:
       return {"", false};
   }
+}
+
+XidLogFollower::XidLogFollower(std::string path) : path_(std::move(path)) {}
+
+XidLogFollower::~XidLogFollower() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool XidLogFollower::read(std::vector<XidEvent>& events) {
+  if (fd_ < 0) {
+    fd_ = open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd_ < 0) return false;
+    struct stat info {};
+    records_ = fstat(fd_, &info) == 0 && S_ISCHR(info.st_mode);
+  }
+  std::vector<char> buffer(16384);                // above the kernel's 8 KiB limit on one record
+  constexpr size_t kMaxBytes = size_t{64} << 20;  // a log growing as fast as it is read stops here
+  for (size_t total = 0; total < kMaxBytes;) {
+    const ssize_t n = ::read(fd_, buffer.data(), buffer.size());
+    if (n < 0 && (errno == EINTR || (records_ && errno == EPIPE))) continue;
+    if (n == 0 || (n < 0 && errno == EAGAIN)) return true;
+    if (n < 0) return false;
+    total += static_cast<size_t>(n);
+    if (records_) {
+      // A record is "prefix;message\n", then its dictionary (" SUBSYSTEM=pci", …) on more lines.
+      const std::string_view record(buffer.data(), static_cast<size_t>(n));
+      XidEvent event;
+      if (parse_xid_line(record.substr(0, record.find('\n')), event)) events.push_back(std::move(event));
+      continue;
+    }
+    partial_.append(buffer.data(), static_cast<size_t>(n));
+    const auto last_newline = partial_.rfind('\n');
+    if (last_newline == std::string::npos) continue;
+    for (XidEvent& event : parse_xid_log(std::string_view(partial_).substr(0, last_newline)))
+      events.push_back(std::move(event));
+    partial_.erase(0, last_newline + 1);
+  }
+  return true;
 }
 
 }  // namespace lockstep::gpu

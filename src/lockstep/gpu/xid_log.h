@@ -32,4 +32,26 @@ struct XidMeaning {
 };
 XidMeaning xid_meaning(int xid);
 
+// Follows a kernel log for `lockstep top`: each read() hands out the Xid events added since
+// the last one (the first, every one the log still holds). /dev/kmsg is opened once, without
+// blocking, and reads on from its last record (records the kernel overwrote meanwhile are
+// lost, EPIPE); a regular file (tests' fake log) is read on from where the last read ended,
+// a last line without its newline kept until it is whole.
+class XidLogFollower {
+ public:
+  explicit XidLogFollower(std::string path = "/dev/kmsg");
+  ~XidLogFollower();
+  XidLogFollower(const XidLogFollower&) = delete;
+  XidLogFollower& operator=(const XidLogFollower&) = delete;
+  // Appends the new events to events; false when the log cannot be read (it needs root or
+  // CAP_SYSLOG, which a container seldom has), whatever earlier reads gave.
+  bool read(std::vector<XidEvent>& events);
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool records_ = false;  // a character device: one record per read()
+  std::string partial_;   // a regular file's unfinished last line
+};
+
 }  // namespace lockstep::gpu

@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -19,6 +21,8 @@
 #include "lockstep/gpu/device_order.h"
 #include "lockstep/gpu/gpu_leases.h"
 #include "lockstep/gpu/nvml.h"
+#include "lockstep/gpu/pci_bus_id.h"
+#include "lockstep/gpu/xid_log.h"
 #include "tools/common/commands.h"
 #include "tools/common/flags.h"
 #include "tools/top/cpu_usage.h"
@@ -75,6 +79,13 @@ void add_cuda_order(TopSample& sample) {
     sample.order_warning += (sample.order_warning.empty() ? "" : "; ") + problem;
 }
 
+// The kernel log top reads Xid errors from: /dev/kmsg, or LOCKSTEP_TOP_KERNEL_LOG (a file of
+// kernel log lines, for tests).
+std::string kernel_log_path() {
+  const char* path = std::getenv("LOCKSTEP_TOP_KERNEL_LOG");
+  return path != nullptr && *path != '\0' ? path : "/dev/kmsg";
+}
+
 class Sampler {
  public:
   // ids: --id's GPUs ("" all of them).
@@ -92,12 +103,30 @@ class Sampler {
       if (!cpu_) cpu_.emplace();
       sample.cpu = cpu_->read();
     }
+    if (sample.shows_gpus()) add_xids(sample);
     sample.alerts = find_alerts(sample.gpus);
+    for (Alert& alert : xid_alerts(sample)) sample.alerts.push_back(std::move(alert));
     if (sample.shows_gpus()) sample.leases = gpu::leased_gpus(sample.gpus);
     return sample;
   }
 
  private:
+  // The kernel log's new Xid reports added to the tallies so far, by PCI bus id.
+  void add_xids(TopSample& sample) {
+    std::vector<gpu::XidEvent> events;
+    xid_log_read_ = xid_log_.read(events);
+    for (const gpu::XidEvent& event : events) {
+      XidTally& tally = xids_[gpu::normalize_pci_bus_id(event.pci_bus_id)];
+      tally.last = event.xid;
+      ++tally.count;
+    }
+    sample.xid_log_read = xid_log_read_;
+    sample.xids = xids_;
+  }
+
+  gpu::XidLogFollower xid_log_{kernel_log_path()};
+  bool xid_log_read_ = false;
+  std::map<std::string, XidTally> xids_;
   std::string ids_;
   gpu::Nvml nvml_;
   std::optional<CpuReader> cpu_;

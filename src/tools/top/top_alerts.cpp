@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include "lockstep/gpu/xid_log.h"
+
 namespace lockstep::tools {
 namespace {
 
@@ -77,6 +79,22 @@ std::vector<Alert> find_alerts(const gpu::GpuState& state, const AlertRules& rul
                ")"});
   }
   add_imbalance_alerts(state, rules, alerts);
+  return alerts;
+}
+
+std::vector<Alert> xid_alerts(const TopSample& sample) {
+  std::vector<Alert> alerts;
+  for (const gpu::GpuDevice& device : sample.gpus.devices) {
+    const std::optional<XidTally> tally = sample.xids_of(device);
+    if (!tally || tally->count == 0) continue;
+    const gpu::XidMeaning meaning = gpu::xid_meaning(tally->last);
+    alerts.push_back({"xid",
+                      {device.index},
+                      "GPU " + std::to_string(device.index) + ": " + std::to_string(tally->count) + " Xid error" +
+                          (tally->count == 1 ? "" : "s") + " in the kernel log, the last Xid " +
+                          std::to_string(tally->last) + (meaning.text.empty() ? "" : " (" + meaning.text + ")") +
+                          (meaning.serious ? ": the GPU needs a reset or service (lockstep doctor)" : "")});
+  }
   return alerts;
 }
 

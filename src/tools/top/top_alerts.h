@@ -1,5 +1,5 @@
 // The alerts `lockstep top` raises in its view and its log: a job whose GPUs are far apart
-// in utilization (load imbalance), memory nearly full, thermal or power throttling.
+// in utilization (load imbalance), memory nearly full, thermal or power throttling, Xid errors.
 //
 // "One job" is every GPU holding a process with the same user and the same command line
 // (the workers that torchrun, mpirun or `lockstep run` start share their command). Processes
@@ -19,5 +19,9 @@ struct AlertRules {
 };
 
 std::vector<Alert> find_alerts(const gpu::GpuState& state, const AlertRules& rules = {});
+
+// An "xid" alert per GPU the kernel log reports Xid errors for: how many, the last one and
+// what it means (gpu/xid_log.h's catalog).
+std::vector<Alert> xid_alerts(const TopSample& sample);
 
 }  // namespace lockstep::tools

@@ -71,6 +71,10 @@ nlohmann::json sample_json(const TopSample& sample) {
       nlohmann::json device = device_json(sample.gpus.devices[i], sample.cuda_index_of(i));
       if (const auto lease = sample.leases.find(sample.gpus.devices[i].index); lease != sample.leases.end())
         device["lease"] = lease->second;
+      // The kernel log's Xid errors (null where it cannot be read): the last Xid, 0 for none.
+      const std::optional<XidTally> xids = sample.xids_of(sample.gpus.devices[i]);
+      device["xid_last"] = xids ? nlohmann::json(xids->last) : nlohmann::json(nullptr);
+      device["xid_errors"] = xids ? nlohmann::json(xids->count) : nlohmann::json(nullptr);
       gpus.push_back(device);
     }
     out["gpus"] = gpus;

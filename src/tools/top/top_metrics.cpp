@@ -169,6 +169,22 @@ std::string prometheus_text(const TopSample& sample, const std::string& hostname
     for (const gpu::GpuDevice& device : sample.gpus.devices)
       if (const auto value = metric.value(device)) out += metric.name + labels(device, hostname) + " " + *value + "\n";
   }
+  // From the kernel log, when it can be read: dcgm-exporter's last Xid (0 for none), and how
+  // many reports, which DCGM does not count.
+  if (sample.xid_log_read) {
+    out +=
+        "# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.\n"
+        "# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n";
+    for (const gpu::GpuDevice& device : sample.gpus.devices)
+      out += "DCGM_FI_DEV_XID_ERRORS" + labels(device, hostname) + " " + std::to_string(sample.xids_of(device)->last) +
+             "\n";
+    out +=
+        "# HELP lockstep_gpu_xid_errors_total Xid errors the kernel log reports for the GPU.\n"
+        "# TYPE lockstep_gpu_xid_errors_total counter\n";
+    for (const gpu::GpuDevice& device : sample.gpus.devices)
+      out += "lockstep_gpu_xid_errors_total" + labels(device, hostname) + " " +
+             std::to_string(sample.xids_of(device)->count) + "\n";
+  }
   return out;
 }
 

@@ -75,5 +75,19 @@ TEST(TopAlerts, ThermalAndPowerThrottlingAlertButIdleDoesNot) {
   EXPECT_EQ(alerts[3].devices, std::vector<unsigned>{3});
 }
 
+TEST(TopAlerts, XidErrorsInTheKernelLogAlertPerGpuWithTheLastOnesMeaning) {
+  TopSample sample = top_testing::two_gpu_sample();
+  EXPECT_TRUE(xid_alerts(sample).empty());  // the log unread: nothing known, nothing raised
+  sample.xid_log_read = true;
+  EXPECT_TRUE(xid_alerts(sample).empty());
+  sample.xids["0000:08:00.0"] = {79, 3};  // GPU 1's bus id, as the kernel log spells it
+  const auto alerts = xid_alerts(sample);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, "xid");
+  EXPECT_EQ(alerts[0].devices, std::vector<unsigned>{1});
+  EXPECT_NE(alerts[0].message.find("GPU 1: 3 Xid errors"), std::string::npos) << alerts[0].message;
+  EXPECT_NE(alerts[0].message.find("Xid 79 (GPU has fallen off the bus)"), std::string::npos) << alerts[0].message;
+}
+
 }  // namespace
 }  // namespace lockstep::tools

@@ -169,6 +169,29 @@ TEST(TopCommand, JsonOnTheStandinMatchesTheProfile) {
       << "uuid not from the profile";
 }
 
+// Xid reports in the kernel log (a fake one, LOCKSTEP_TOP_KERNEL_LOG) reach the GPU of their
+// PCI bus id: an alert in the view, figures in --json.
+TEST(TopCommand, XidErrorsInTheKernelLogReachTheirGpu) {
+  const fs::path log = fs::temp_directory_path() / ("lockstep-top-kmsg-" + std::to_string(getpid()));
+  {
+    std::ofstream out(log);
+    out << "[ 9.0] NVRM: Xid (PCI:0000:0f:00): 79, pid=7, name=python, GPU has fallen off the bus.\n"
+        << "[ 9.5] NVRM: Xid (PCI:0000:0f:00): 79, pid=7, name=python, GPU has fallen off the bus.\n";
+  }
+  const std::string env = standin("a100-8x-nvlink.json") + "LOCKSTEP_TOP_KERNEL_LOG=" + log.string() + " ";
+  const Result view = top(env, "--once");
+  ASSERT_EQ(view.exit_code, 0) << view.output;
+  EXPECT_NE(view.output.find("GPU 1: 2 Xid errors in the kernel log, the last Xid 79"), std::string::npos)
+      << view.output;
+  const Result json = top(env, "--json --once");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const auto sample = nlohmann::json::parse(lines_of(json.output).at(0));
+  EXPECT_EQ(sample["gpus"][1]["xid_errors"], 2) << json.output;
+  EXPECT_EQ(sample["gpus"][1]["xid_last"], 79);
+  EXPECT_EQ(sample["gpus"][0]["xid_errors"], 0);
+  fs::remove(log);
+}
+
 TEST(TopCommand, ShowsCudasIndexBesideNvmlsUnderCudaVisibleDevices) {
   // CUDA numbers the GPUs CUDA_VISIBLE_DEVICES names in its order; the others get none.
   const Result r = top(standin("h100-8x.json") + "CUDA_VISIBLE_DEVICES=3,1 ", "--once");

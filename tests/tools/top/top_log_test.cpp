@@ -118,6 +118,20 @@ TEST_F(TopLogFile, JsonlHasOneObjectPerSample) {
   EXPECT_EQ(json["alerts"][0]["devices"], nlohmann::json::array({1}));
 }
 
+TEST(TopJson, XidErrorsPerGpuAndNullWhereTheKernelLogIsUnread) {
+  TopSample sample = top_testing::two_gpu_sample();
+  auto json = sample_json(sample);
+  EXPECT_TRUE(json["gpus"][0]["xid_last"].is_null()) << json.dump();
+  EXPECT_TRUE(json["gpus"][0]["xid_errors"].is_null());
+  sample.xid_log_read = true;
+  sample.xids["0000:07:00.0"] = {79, 4};
+  json = sample_json(sample);
+  EXPECT_EQ(json["gpus"][0]["xid_last"], 79);
+  EXPECT_EQ(json["gpus"][0]["xid_errors"], 4);
+  EXPECT_EQ(json["gpus"][1]["xid_last"], 0);
+  EXPECT_EQ(json["gpus"][1]["xid_errors"], 0);
+}
+
 TEST(TopJson, CpuViewCarriesCoresMemoryAndTheReason) {
   const auto json = sample_json(top_testing::cpu_sample());
   EXPECT_FALSE(json.contains("gpus"));

@@ -67,6 +67,31 @@ TEST(TopMetrics, LeavesOutReadingsNvmlCouldNotGiveAndEscapesLabels) {
   EXPECT_NE(text.find("modelName=\"GPU \\\"quoted\\\" \\\\ name\""), std::string::npos) << text;
 }
 
+// The kernel log's Xid reports, mapped to GPUs by PCI bus id: dcgm-exporter's last Xid (0
+// for none) and Lockstep's count; neither where the log cannot be read.
+TopSample sample_with_xids() {
+  TopSample sample = top_testing::two_gpu_sample();
+  sample.xid_log_read = true;
+  sample.xids["0000:07:00.0"] = {48, 2};
+  return sample;
+}
+
+TEST(TopMetrics, XidErrorsFromTheKernelLogAsDcgmExportersLastXidAndACount) {
+  const std::string text = prometheus_text(sample_with_xids(), "node1");
+  const std::string labels1 =
+      "{gpu=\"1\",UUID=\"GPU-00000001\",pci_bus_id=\"00000000:08:00.0\",device=\"nvidia1\","
+      "modelName=\"NVIDIA A100-SXM4-80GB\",Hostname=\"node1\"}";
+  for (const std::string& line :
+       {std::string("# TYPE DCGM_FI_DEV_XID_ERRORS gauge"), std::string("DCGM_FI_DEV_XID_ERRORS") + kLabels0 + " 48",
+        "DCGM_FI_DEV_XID_ERRORS" + labels1 + " 0", std::string("# TYPE lockstep_gpu_xid_errors_total counter"),
+        std::string("lockstep_gpu_xid_errors_total") + kLabels0 + " 2",
+        "lockstep_gpu_xid_errors_total" + labels1 + " 0"})
+    EXPECT_NE(text.find("\n" + line + "\n"), std::string::npos) << "missing: " << line << "\n" << text;
+  const std::string unread = prometheus_text(top_testing::two_gpu_sample(), "node1");
+  EXPECT_EQ(unread.find("XID"), std::string::npos);
+  EXPECT_EQ(unread.find("xid"), std::string::npos);
+}
+
 TEST(TopMetrics, CpuViewServesCoreAndHostMemoryMetrics) {
   const std::string text = prometheus_text(top_testing::cpu_sample(), "node1");
   EXPECT_NE(text.find("\nlockstep_cpu_core_utilization{core=\"1\",Hostname=\"node1\"} 100.0\n"), std::string::npos)
@@ -113,7 +138,7 @@ TEST(TopMetrics, PrometheusLinterAcceptsTheCpuViewAndOnlyDcgmExportersOwnNamesIn
   EXPECT_EQ(cpu.exit_code, 0);
   EXPECT_TRUE(cpu.findings.empty()) << cpu.findings.front();
 
-  const Lint gpus = promtool(prometheus_text(top_testing::two_gpu_sample(), "node1"));
+  const Lint gpus = promtool(prometheus_text(sample_with_xids(), "node1"));
   EXPECT_NE(gpus.exit_code, 1) << "promtool could not parse the page";
   for (const std::string& finding : gpus.findings) {
     const bool model_name = finding.find("label names should be written in 'snake_case'") != std::string::npos;
@@ -121,8 +146,12 @@ TEST(TopMetrics, PrometheusLinterAcceptsTheCpuViewAndOnlyDcgmExportersOwnNamesIn
     // Prometheus's naming rules would end in a lower-case "_total".
     const bool dcgm_counter = finding.rfind("DCGM_FI_DEV_", 0) == 0 &&
                               finding.find("counter metrics should have \"_total\" suffix") != std::string::npos;
+    // Lockstep's own Xid counter keeps dcgm-exporter's labels (the same series join) and
+    // nothing else: a finding about its name would be neither of these.
     EXPECT_TRUE(model_name || dcgm_counter) << finding;
   }
+  const std::string page = prometheus_text(sample_with_xids(), "node1");
+  EXPECT_NE(page.find("lockstep_gpu_xid_errors_total{"), std::string::npos) << "the linted page has the Xid metrics";
 }
 
 TEST(TopMetrics, ListenAddressForms) {
