@@ -12,13 +12,19 @@ namespace lockstep::tools {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// ddp's default bucket (--bucket-mb 25): a ZeRO-2 rank holds at most two in flight.
+// ddp's default bucket (--bucket-mb 25); a ZeRO-2 rank holds about five at its peak (two
+// being sent, the one filling, the next two made ahead: the README's gpt_layout_memory rows).
 constexpr double kBucketBytes = 25.0 * 1024 * 1024;
+constexpr double kZero2BucketsHeld = 5;
 // Of a block's activations, the share a tensor-parallel rank cuts (q, k, v, the attention
 // matrices, the MLP's hidden columns); the layer norms' inputs and outputs and the residual
 // stream stay whole on every rank (Megatron-LM without sequence parallelism): 6 of a
 // block's 34 activation tensors per token and width (Korthikanti et al., 2022).
 constexpr double kTensorParallelCutShare = 24.0 / 34.0;
+// The kernels a micro-batch launches, forward and backward: about 22 per block forward
+// (norms, four products with their biases, the heads' reshapes, the attention's products,
+// mask and softmax, GELU, residual adds), twice that backward; the embeddings, head and loss.
+constexpr double kKernelsPerBlock = 66, kKernelsRest = 20;
 
 // The most sums the gradient tree holds besides the leaf being computed, over a replica's k
 // micro-batches: the most set bits of any i < k (gradient_tree.h folds like a binary counter).
@@ -109,8 +115,8 @@ std::string LayoutChoice::name() const {
 std::string LayoutChoice::train_flags() const {
   std::string flags;
   if (tp > 1 || pp > 1) {
-    flags =
-        "--strategy mesh --dp " + std::to_string(dp) + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp);
+    flags = std::string(zero == 1 ? "--strategy zero1" : "--strategy mesh") + " --dp " + std::to_string(dp) + " --tp " +
+            std::to_string(tp) + " --pp " + std::to_string(pp);
     if (pp > 1) flags += std::string(" --schedule ") + parallel::pipeline_schedule_name(schedule);
   } else if (dp > 1) {
     flags = std::string("--strategy ") + (zero == 0 ? "ddp" : "zero" + std::to_string(zero));
@@ -145,7 +151,10 @@ std::vector<LayoutChoice> candidate_layouts(const ModelFacts& model, const PlanR
       }
       const int dp = n / (tp * pp);
       if (request.batch % dp != 0) continue;
-      const std::vector<int> zeros = tp == 1 && pp == 1 && dp > 1 ? std::vector<int>{0, 1, 2} : std::vector<int>{0};
+      // ZeRO 1-2 under ddp; the mesh shards the optimizer state across its replicas (1).
+      const std::vector<int> zeros = dp == 1              ? std::vector<int>{0}
+                                     : tp == 1 && pp == 1 ? std::vector<int>{0, 1, 2}
+                                                          : std::vector<int>{0, 1};
       const std::vector<parallel::PipelineSchedule> schedules =
           pp > 1 ? std::vector{parallel::PipelineSchedule::one_f_one_b, parallel::PipelineSchedule::gpipe}
                  : std::vector{parallel::PipelineSchedule::one_f_one_b};
@@ -197,13 +206,14 @@ LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& m
     memory.parameters = 4 * (p + static_cast<double>(share.copied));
     memory.optimizer = optimizer_bytes_per_parameter(request.optimizer) * p / sharded;
     if (layout.dp == 1 || layout.tp > 1 || layout.pp > 1) {
-      // One device or the mesh: every micro-batch's gradients are a leaf of the tree.
-      memory.gradients = 4 * p * (1 + pending_sums(k));
+      // One device or the mesh: every micro-batch's gradients are a leaf of the tree; under
+      // ZeRO-1 the replicas' sum is reduce-scattered into a shard.
+      memory.gradients = 4 * p * (1 + pending_sums(k)) + (layout.zero == 1 ? 4 * p / layout.dp : 0);
     } else {
       const double copies = 4 * p * ddp_gradient_copies(k);
-      // ZeRO-2 reduce-scatters the last micro-batch's buckets as backward makes them (two in
-      // flight) into the rank's shard, after a full-size sum of the earlier ones.
-      const double zero2 = 4 * p / layout.dp + (k > 1 ? 4 * p : std::min(4 * p, 2 * kBucketBytes));
+      // ZeRO-2 reduce-scatters the last micro-batch's buckets as backward makes them into the
+      // rank's shard, after a full-size sum of the earlier ones.
+      const double zero2 = 4 * p / layout.dp + (k > 1 ? 4 * p : std::min(4 * p, kZero2BucketsHeld * kBucketBytes));
       if (shared_weights) {
         // CPU devices of one host (one process each, over shm): the stepped weights, the
         // optimizer state and the reduced gradients are one copy in shared memory for the
@@ -241,6 +251,7 @@ LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& m
                        (holds_rest ? model.base.flops : 0);
     double micro_batch = compute_seconds(stage_cost, m, machine, layout.precision) / layout.tp;
     if (machine.cpu_devices) micro_batch += model.micro_batch_seconds / machine.core_share;
+    micro_batch += machine.kernel_launch_seconds * (blocks * kKernelsPerBlock + (holds_rest ? kKernelsRest : 0));
     slowest_micro_batch = std::max(slowest_micro_batch, micro_batch);
   }
 

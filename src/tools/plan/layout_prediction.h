@@ -5,21 +5,27 @@
 // Memory per device, in bytes, for P parameters the device trains (fp32 master weights):
 //   parameters   4 P (and 4 B per element of a copy it holds, the last stage's tied head)
 //   optimizer    AdamW 8 P, SGD with momentum 4 P, plain SGD 0; divided by dp under ZeRO
-//   gradients    the step's sum 4 P (ZeRO-2: 4 P / dp) and the micro-batch sums the tree
-//                holds while the next is computed (gradient_tree.h: a binary counter, so
-//                up to log2 of the micro-batches), ZeRO's shard of the reduced gradients
-//   activations  the micro-batches in flight (GPipe: all of a replica's; 1F1B: pipeline
-//                size minus the stage) times the micro-batch's samples times what a sample
-//                keeps per block and for the rest; a tensor-parallel rank keeps its heads'
-//                and its MLP columns' share and all of the rest
+//   gradients    one device and the mesh: every micro-batch's gradients and the sums the
+//                tree holds (gradient_tree.h folds like a binary counter: up to log2 of the
+//                micro-batches), ZeRO-1's reduced shard 4 P / dp; ddp: the step's buffer
+//                4 P, into which the last micro-batch goes straight, and the tree's other
+//                copies; ZeRO-1 adds its shard, ZeRO-2 keeps the shard and five buckets (or,
+//                accumulating, a full-size sum of the earlier micro-batches) instead of the
+//                buffer
+//   activations  what forward keeps per sample (per block, the embeddings on the first
+//                stage, the head on the last) times the samples of the micro-batches in
+//                flight (pipeline_schedule.h's most_in_flight: 1F1B P - stage, GPipe all of
+//                a replica's), and once what backward adds while it runs; a tensor-parallel
+//                rank keeps its heads' and MLP columns' share of a block and all of the rest
 //   workspace    what a micro-batch needs whatever its size
 // CPU devices of one host under ddp or ZeRO share one copy of the stepped weights, the
 // optimizer state and the reduced gradients (distributed_data_parallel.h's share_weights):
 // those count once for the host, not per device.
-// Step time: the compute of the replica's micro-batches on the slowest stage, one step of
-// the optimizer over the device's share, the communication that does not overlap with
-// compute (tensor parallelism's all-reduces, the pipeline's sends, the gradients' reduction
-// beyond the last micro-batch's backward on GPUs) and the pipeline's bubble.
+// Step time: the compute of the replica's micro-batches on the slowest stage (measured
+// seconds on CPU devices, counted FLOPs at the machine's rate on GPUs), one step of the
+// optimizer over the device's share at memory bandwidth, the communication that does not
+// overlap with compute (tensor parallelism's all-reduces, the pipeline's sends, the
+// gradients' reduction beyond the last micro-batch's backward on GPUs) and the bubble.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +40,7 @@ namespace lockstep::tools {
 
 struct LayoutChoice {
   int dp = 1, tp = 1, pp = 1;
-  int zero = 0;  // under pure data parallelism: 0 (ddp), 1 or 2
+  int zero = 0;  // 0; under ddp 1 or 2; on a mesh of several replicas 1
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
   int64_t micro_batch = 1;
   bool checkpoint_activations = false;
@@ -80,10 +86,10 @@ struct PlanRequest {
 };
 
 // Every layout the devices divide into: dp x tp x pp = devices with tp dividing the heads
-// and the vocabulary and pp at most the blocks (the GPT), ZeRO 0-2 under pure data
-// parallelism, both schedules under pipelines, the micro-batches (powers of two and the
-// whole share) that divide a replica's share, activation checkpointing on and off. A
-// UsageError when none does (the batch cannot be split over the devices).
+// and the vocabulary and pp at most the blocks (the GPT), ZeRO 1-2 under pure data
+// parallelism and ZeRO-1 on meshes of several replicas, both schedules under pipelines, the micro-batches (powers of
+// two and the whole share) that divide a replica's share, activation checkpointing on and off. A UsageError when none
+// does (the batch cannot be split over the devices).
 std::vector<LayoutChoice> candidate_layouts(const ModelFacts& model, const PlanRequest& request);
 
 LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& machine, const PlanRequest& request,

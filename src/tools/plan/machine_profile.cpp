@@ -22,6 +22,9 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // trains GPT-2 124M on 8x A100 80 GB at about 1.85M tokens/s (10B tokens in 90 minutes),
 // 6 x 124M x 1.85M / 8 = 172 TFLOP/s per GPU in bf16 before attention: about 55% of 312.
 constexpr double kTrainingFraction = 0.5;
+// A kernel launch, about 5 us from the host through the driver (CUDA's own figure for an
+// empty kernel is 3-7 us).
+constexpr double kKernelLaunchSeconds = 5e-6;
 
 const std::vector<MachineProfile>& profiles() {
   static const std::vector<MachineProfile> all = {
@@ -37,7 +40,8 @@ const std::vector<MachineProfile>& profiles() {
        .achieved_fraction = kTrainingFraction,
        .bus_bandwidth = 230e9,
        .collective_latency_seconds = 20e-6,
-       .memory_bandwidth = 2.0e12},
+       .memory_bandwidth = 2.0e12,
+       .kernel_launch_seconds = kKernelLaunchSeconds},
       {.name = "h100-sxm-8x",
        .description = "8x H100 80 GB SXM5, NVLink 4 through NVSwitch",
        .source = "NVIDIA H100 datasheet (67 TFLOP/s fp32, 989 bf16/f16 dense); nccl-tests all-reduce busbw on "
@@ -50,7 +54,8 @@ const std::vector<MachineProfile>& profiles() {
        .achieved_fraction = kTrainingFraction,
        .bus_bandwidth = 450e9,
        .collective_latency_seconds = 20e-6,
-       .memory_bandwidth = 3.35e12},
+       .memory_bandwidth = 3.35e12,
+       .kernel_launch_seconds = kKernelLaunchSeconds},
       {.name = "h200-8x",
        .description = "8x H200 141 GB SXM, NVLink 4 through NVSwitch",
        .source = "NVIDIA H200 datasheet (H100's compute: 67 TFLOP/s fp32, 989 bf16/f16 dense; 141 GB HBM3e, "
@@ -63,7 +68,8 @@ const std::vector<MachineProfile>& profiles() {
        .achieved_fraction = kTrainingFraction,
        .bus_bandwidth = 450e9,
        .collective_latency_seconds = 20e-6,
-       .memory_bandwidth = 4.8e12},
+       .memory_bandwidth = 4.8e12,
+       .kernel_launch_seconds = kKernelLaunchSeconds},
       {.name = "t4-4x-pcie",
        .description = "4x T4 16 GB, PCIe 3 x16, no NVLink",
        .source = "NVIDIA T4 datasheet (8.1 TFLOP/s fp32, 65 f16, no bf16); all-reduce over PCIe 3 through the "
@@ -76,7 +82,8 @@ const std::vector<MachineProfile>& profiles() {
        .achieved_fraction = kTrainingFraction,
        .bus_bandwidth = 6e9,
        .collective_latency_seconds = 30e-6,
-       .memory_bandwidth = 0.32e12},
+       .memory_bandwidth = 0.32e12,
+       .kernel_launch_seconds = kKernelLaunchSeconds},
       {.name = "rtx4090-2x-pcie",
        .description = "2x RTX 4090 24 GB, PCIe 4 x16, no peer access",
        .source = "NVIDIA Ada whitepaper (82.6 TFLOP/s fp32, 165.2 bf16/f16 with f32 accumulation, dense); "
@@ -89,7 +96,8 @@ const std::vector<MachineProfile>& profiles() {
        .achieved_fraction = kTrainingFraction,
        .bus_bandwidth = 10e9,
        .collective_latency_seconds = 30e-6,
-       .memory_bandwidth = 1.0e12},
+       .memory_bandwidth = 1.0e12,
+       .kernel_launch_seconds = kKernelLaunchSeconds},
   };
   return all;
 }

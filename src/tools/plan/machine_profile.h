@@ -28,6 +28,9 @@ struct MachineProfile {
   double collective_latency_seconds = 0;
   // A device's memory bandwidth (bytes/s): what the optimizer's step runs at.
   double memory_bandwidth = 0;
+  // What starting a kernel costs the GPU's stream (host-bound for small ones): small
+  // micro-batches pay it more often.
+  double kernel_launch_seconds = 0;
   // CPU devices: the share of a core each of a device's threads gets (1 unless the devices'
   // threads outnumber the cores), and the threads a device runs.
   double core_share = 1;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -60,16 +61,24 @@ Probe probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, in
 }
 
 // Per sample and fixed, from probes of one and two samples (the second run of each size
-// times it, the first warms the allocator and the threads up).
+// times it, the first warms the allocator and the threads up). Untimed, one probe of one
+// sample: its bytes are all per sample (what a micro-batch needs whatever its size is small
+// beside them), and no time is taken.
 struct Scaled {
   double kept = 0, transient = 0;  // per sample: kept after forward; the most backward adds to it
   double fixed_bytes = 0, per_sample_seconds = 0, fixed_seconds = 0;
 };
-Scaled scaled_probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, DType precision) {
+Scaled scaled_probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, DType precision, bool timed) {
+  Scaled s;
+  if (!timed) {
+    const Probe one = probe(model, loss_of, 1, precision);
+    s.kept = one.kept;
+    s.transient = std::max(0.0, one.peak - one.kept);
+    return s;
+  }
   (void)probe(model, loss_of, 1, precision);
   const Probe one = probe(model, loss_of, 1, precision);
   const Probe two = probe(model, loss_of, 2, precision);
-  Scaled s;
   s.kept = std::max(0.0, two.kept - one.kept);
   s.transient = std::max(0.0, (two.peak - one.peak) - s.kept);
   s.fixed_bytes = std::max(0.0, one.peak - (s.kept + s.transient));
@@ -118,7 +127,7 @@ double gpt_base_flops(const nn::GptConfig& c) {
 
 }  // namespace
 
-ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& precision, int threads) {
+ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& precision, int threads, bool timed) {
   nn::check_gpt_config(config);
   const auto start = Clock::now();
   const int previous = num_threads();
@@ -139,9 +148,9 @@ ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& preci
     nn::GptConfig small = config;
     small.layers = blocks;
     nn::Gpt model(small, 1);
-    plain[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast);
+    plain[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast, timed);
     model.checkpoint_activations = true;
-    checkpointed[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast);
+    checkpointed[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast, timed);
   }
   set_num_threads(previous);
   facts.activations = split_blocks(plain[0], plain[1]);
@@ -170,33 +179,52 @@ ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& preci
   facts.block.flops = gpt_block_flops(config);
   facts.base.flops = gpt_base_flops(config);
 
-  // The devices' parameters as the mesh builds them: each stage from the full model, cut for
-  // rank 0 of its tensor-parallel group (every rank of a group holds the same shapes).
-  auto full = std::make_shared<nn::Gpt>(config, 1);
-  auto shares = std::make_shared<std::map<std::tuple<int, int, int>, DeviceShare>>();
-  facts.share = [full, shares](int tp, int pp, int stage) {
-    const auto key = std::make_tuple(tp, pp, stage);
-    const auto found = shares->find(key);
-    if (found != shares->end()) return found->second;
+  // The devices' parameters as the mesh builds them, cut for rank 0 of a tensor-parallel
+  // group (every rank of a group holds the same shapes). Blocks are alike, so the stages of
+  // a three-block model give every stage of the real one: a block's own parameters (the
+  // middle stage), what the first and the last stage hold besides their blocks, and the
+  // last stage's copy of the tied head.
+  nn::GptConfig three = config;
+  three.layers = 3;
+  auto full = std::make_shared<nn::Gpt>(three, 1);
+  struct Cut {
+    int64_t block = 0, first_extra = 0, last_extra = 0, whole_extra = 0, head_copy = 0;
+  };
+  auto cuts = std::make_shared<std::map<int, Cut>>();
+  const nn::GptConfig real = config;
+  facts.share = [full, cuts, real](int tp, int pp, int stage) {
+    auto found = cuts->find(tp);
+    if (found == cuts->end()) {
+      const auto group = comm::LocalCommunicator::create_group(tp);
+      const auto count = [&](const std::vector<int64_t>& blocks, int s, int64_t* head_copy = nullptr) {
+        parallel::GptStage built(*full, parallel::gpt_stage_plans(blocks)[static_cast<size_t>(s)], group[0]);
+        if (head_copy != nullptr) *head_copy = built.head_weight.numel();
+        return element_count(built);
+      };
+      Cut cut;
+      cut.block = count({1, 1, 1}, 1);
+      cut.first_extra = count({1, 1, 1}, 0) - cut.block;
+      cut.last_extra = count({1, 1, 1}, 2, &cut.head_copy) - cut.block;
+      cut.whole_extra = count({3}, 0) - 3 * cut.block;
+      found = cuts->emplace(tp, cut).first;
+    }
+    const Cut& cut = found->second;
     parallel::GptMeshOptions options;
     options.mesh = {.dp = 1, .tp = tp, .pp = pp};
-    const std::vector<int64_t> blocks = parallel::gpt_blocks_per_stage(full->config, options);
-    const parallel::GptStagePlan plan = parallel::gpt_stage_plans(blocks)[static_cast<size_t>(stage)];
-    const auto group = comm::LocalCommunicator::create_group(tp);
-    parallel::GptStage built(*full, plan, group[0]);
-    DeviceShare share{.trained = element_count(built),
-                      .copied = built.last() && !built.first() ? built.head_weight.numel() : 0,
-                      .blocks = plan.end_block - plan.first_block,
-                      .first = built.first(),
-                      .last = built.last()};
-    shares->emplace(key, share);
-    return share;
+    const int64_t blocks = parallel::gpt_blocks_per_stage(real, options)[static_cast<size_t>(stage)];
+    const bool first = stage == 0, last = stage == pp - 1;
+    const int64_t extra = first && last ? cut.whole_extra : first ? cut.first_extra : last ? cut.last_extra : 0;
+    return DeviceShare{.trained = extra + blocks * cut.block,
+                       .copied = last && !first ? cut.head_copy : 0,
+                       .blocks = blocks,
+                       .first = first,
+                       .last = last};
   };
   facts.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return facts;
 }
 
-ModelFacts image_model_facts(const std::string& name, const std::string& precision, int threads) {
+ModelFacts image_model_facts(const std::string& name, const std::string& precision, int threads, bool timed) {
   const auto start = Clock::now();
   const int previous = num_threads();
   set_num_threads(threads);
@@ -209,7 +237,7 @@ ModelFacts image_model_facts(const std::string& name, const std::string& precisi
     for (int64_t& l : labels) l = rng.next_u32() % 10;
     return cross_entropy(model->forward(Tensor::from_vector(pixels, {m, 1, 28, 28})), Tensor::from_vector(labels, {m}));
   };
-  const Scaled scaled = scaled_probe(*model, loss_of, autocast_type(precision));
+  const Scaled scaled = scaled_probe(*model, loss_of, autocast_type(precision), timed);
   set_num_threads(previous);
 
   ModelFacts facts;

@@ -51,14 +51,16 @@ struct ModelFacts {
   double workspace_bytes = 0;      // what a micro-batch needs whatever its size
   double micro_batch_seconds = 0;  // on this host, what a micro-batch costs whatever its size
   double measure_seconds = 0;      // how long measuring took
-  // The share of the device at (tensor-parallel size, pipeline size, stage); built on
-  // first use and remembered.
+  // The share of the device at (tensor-parallel size, pipeline size, stage); the stages it
+  // comes from are built on first use of a tensor-parallel size and remembered.
   std::function<DeviceShare(int tp, int pp, int stage)> share;
 };
 
 // precision: "f32", "bf16" or "f16" (the measured runs run under that autocast);
-// threads: a device's threads, as the layouts will run it.
-ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& precision, int threads);
-ModelFacts image_model_facts(const std::string& model, const std::string& precision, int threads);
+// threads: a device's threads, as the layouts will run it; timed: measure the seconds too
+// (CPU devices of this host; GPUs' time comes from FLOPs, and one probe of one sample per
+// model gives the bytes).
+ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& precision, int threads, bool timed);
+ModelFacts image_model_facts(const std::string& model, const std::string& precision, int threads, bool timed);
 
 }  // namespace lockstep::tools

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core/device.h"
 #include "lockstep/core/error.h"
 #include "lockstep/nn/models.h"
 #include "tools/common/commands.h"
@@ -26,7 +27,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct PlanOptions {
   std::string model = "gpt";
   std::string preset = "gpt2-124m";
-  int64_t layers = 0, heads = 0, width = 0, context = 0;
+  int64_t layers = 0, heads = 0, width = 0, context = 0, vocab = 0;
   int64_t batch_size = 512;
   int64_t devices = 0;  // 0: the machine's
   std::string machine = "this-host";
@@ -49,13 +50,15 @@ nn::GptConfig gpt_config(const PlanOptions& o) {
   for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--layers", o.layers},
                                     {"--heads", o.heads},
                                     {"--width", o.width},
-                                    {"--context", o.context}}) {
+                                    {"--context", o.context},
+                                    {"--vocab", o.vocab}}) {
     if (value < 0) throw UsageError(std::string(flag) + " must be positive, got " + std::to_string(value));
   }
   if (o.layers > 0) config.layers = o.layers;
   if (o.heads > 0) config.heads = o.heads;
   if (o.width > 0) config.width = o.width;
   if (o.context > 0) config.context = o.context;
+  if (o.vocab > 0) config.vocab = o.vocab;
   try {
     nn::check_gpt_config(config);
   } catch (const Error& e) {
@@ -154,6 +157,9 @@ int plan_main(const std::vector<std::string>& args) {
   flags.add("heads", &o.heads, "gpt: attention heads (default: the preset's)");
   flags.add("width", &o.width, "gpt: embedding width (default: the preset's)");
   flags.add("context", &o.context, "gpt: tokens per window (default: the preset's)");
+  flags.add("vocab", &o.vocab,
+            "gpt: tokens in the vocabulary (default 256, the bytes `lockstep train` reads; GPT-2's is 50257, "
+            "padded to 50304 by llm.c)");
   flags.add("batch-size", &o.batch_size, "samples per step, over all devices");
   flags.add("devices", &o.devices, "devices to plan for (default: the machine's; this-host: 2)");
   flags.add("machine", &o.machine,
@@ -184,19 +190,21 @@ int plan_main(const std::vector<std::string>& args) {
                             .optimizer = o.optimizer,
                             .precision = o.precision,
                             .micro_batch = o.micro_batch};
-  const int threads = machine.cpu_devices ? machine.threads_per_device : 1;
+  // This host's devices are timed on a device's threads; for GPUs only bytes are measured,
+  // on every core.
+  const int threads = machine.cpu_devices ? machine.threads_per_device : host_cores();
   ModelFacts model;
   if (o.model == "gpt") {
-    model = gpt_model_facts(gpt_config(o), o.precision, threads);
+    model = gpt_model_facts(gpt_config(o), o.precision, threads, machine.cpu_devices);
   } else {
     const std::vector<std::string> images = nn::model_names();
     if (std::find(images.begin(), images.end(), o.model) == images.end()) {
       throw UsageError("--model must be gpt, cnn, mlp or resnet, got '" + o.model + "'");
     }
-    model = image_model_facts(o.model, o.precision, threads);
+    // Image models' FLOPs are not counted: their seconds measured here at this host's GEMM
+    // rate stand in for them on GPUs.
+    model = image_model_facts(o.model, o.precision, threads, true);
     if (!machine.cpu_devices) {
-      // Image models' FLOPs are not counted: their measured seconds at this host's GEMM rate
-      // stand in for them.
       const MachineProfile host = this_host_profile(1);
       model.base.flops = model.base.seconds * host.fp32_flops;
     }
@@ -210,7 +218,8 @@ int plan_main(const std::vector<std::string>& args) {
   if (asked.empty()) {
     throw UsageError("plan: no layout of " + std::to_string(machine.devices) +
                      " devices has the given --dp/--tp/--pp/"
-                     "--zero (their product must be the devices; ZeRO only under pure data parallelism; --tp must "
+                     "--zero (their product must be the devices; ZeRO-2 only under pure data parallelism, ZeRO-1 with "
+                     "several replicas; --tp must "
                      "divide the heads and the vocabulary)");
   }
 
@@ -267,7 +276,7 @@ int plan_main(const std::vector<std::string>& args) {
     std::string shape;
     if (o.model == "gpt") {
       shape = " --preset " + o.preset;
-      for (const char* flag : {"layers", "heads", "width", "context"}) {
+      for (const char* flag : {"layers", "heads", "width", "context"}) {  // train has no --vocab
         if (flags.given(flag)) {
           const int64_t value = std::string(flag) == "layers"  ? o.layers
                                 : std::string(flag) == "heads" ? o.heads

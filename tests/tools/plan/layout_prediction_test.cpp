@@ -60,14 +60,18 @@ TEST(LayoutPrediction, OffersEveryMeshTheModelCutsInto) {
     shapes.insert({l.dp, l.tp, l.pp, l.zero, l.schedule == parallel::PipelineSchedule::gpipe});
   }
   // tp divides the 12 heads and the 256 tokens: 1, 2, 4 (not 8); pp any of 1, 2, 4, 8 with
-  // dp the rest, as long as dp's share of 64 holds micro-batches of 8. ZeRO only with dp alone.
+  // dp the rest, as long as dp's share of 64 holds micro-batches of 8. ZeRO 1-2 under ddp,
+  // ZeRO-1 on a mesh of several replicas.
   std::set<std::tuple<int, int, int, int, bool>> expected;
   for (int tp : {1, 2, 4}) {
     for (int pp : {1, 2, 4, 8}) {
       if (8 % (tp * pp) != 0) continue;
       const int dp = 8 / (tp * pp);
       if (64 / dp % 8 != 0) continue;
-      for (int zero : tp == 1 && pp == 1 ? std::vector<int>{0, 1, 2} : std::vector<int>{0}) {
+      const std::vector<int> zeros = dp == 1              ? std::vector<int>{0}
+                                     : tp == 1 && pp == 1 ? std::vector<int>{0, 1, 2}
+                                                          : std::vector<int>{0, 1};
+      for (int zero : zeros) {
         for (bool gpipe : pp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
           expected.insert({dp, tp, pp, zero, gpipe});
         }
@@ -90,7 +94,7 @@ TEST(LayoutPrediction, ABatchNoLayoutSplitsIsAUsageError) {
 TEST(LayoutPrediction, DataParallelMemoryFollowsEachStagesFormula) {
   // dp 4, one micro-batch per replica: the step's buffer and nothing else under ddp; ZeRO-1
   // shards AdamW's 8 bytes and adds the reduced shard; ZeRO-2 keeps only the shard and two
-  // buckets (4 MB of gradients is less than two 25 MiB buckets: all of it).
+  // buckets (4 MB of gradients is less than five 25 MiB buckets: all of it).
   const LayoutPrediction ddp = predict({.dp = 4, .micro_batch = 2}, 8);
   EXPECT_DOUBLE_EQ(ddp.memory.parameters, 4 * kP);
   EXPECT_DOUBLE_EQ(ddp.memory.optimizer, 8 * kP);
@@ -204,6 +208,8 @@ TEST(LayoutPrediction, TrainFlagsRunTheLayout) {
   EXPECT_EQ(zero2.train_flags(), "--strategy zero2 --micro-batch 16 --checkpoint-activations --precision bf16");
   EXPECT_EQ(zero2.launcher(), "lockstep run -n 8 -- ");
   EXPECT_EQ(LayoutChoice({.pp = 2, .micro_batch = 1}).launcher(), "");
+  EXPECT_EQ(LayoutChoice({.dp = 2, .pp = 2, .zero = 1, .micro_batch = 1}).train_flags(),
+            "--strategy zero1 --dp 2 --tp 1 --pp 2 --schedule 1f1b --micro-batch 1");
 }
 
 }  // namespace
