@@ -14,6 +14,7 @@
 #include "lockstep/nn/models.h"
 #include "tools/common/commands.h"
 #include "tools/common/flags.h"
+#include "tools/common/gpt_shape.h"
 #include "tools/plan/layout_prediction.h"
 #include "tools/plan/machine_profile.h"
 #include "tools/plan/model_facts.h"
@@ -41,29 +42,10 @@ struct PlanOptions {
 };
 
 nn::GptConfig gpt_config(const PlanOptions& o) {
-  nn::GptConfig config;
-  try {
-    config = nn::gpt_preset(o.preset);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--preset: ") + e.what());
-  }
-  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--layers", o.layers},
-                                    {"--heads", o.heads},
-                                    {"--width", o.width},
-                                    {"--context", o.context},
-                                    {"--vocab", o.vocab}}) {
-    if (value < 0) throw UsageError(std::string(flag) + " must be positive, got " + std::to_string(value));
-  }
-  if (o.layers > 0) config.layers = o.layers;
-  if (o.heads > 0) config.heads = o.heads;
-  if (o.width > 0) config.width = o.width;
-  if (o.context > 0) config.context = o.context;
+  if (o.vocab < 0) throw UsageError("--vocab must be positive, got " + std::to_string(o.vocab));
+  nn::GptConfig config =
+      gpt_shape({.preset = o.preset, .layers = o.layers, .heads = o.heads, .width = o.width, .context = o.context});
   if (o.vocab > 0) config.vocab = o.vocab;
-  try {
-    nn::check_gpt_config(config);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--model gpt: ") + e.what());
-  }
   return config;
 }
 

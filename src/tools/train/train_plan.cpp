@@ -10,6 +10,7 @@
 #include "lockstep/parallel/step.h"
 #include "tools/common/duration.h"
 #include "tools/common/flags.h"
+#include "tools/common/gpt_shape.h"
 #include "tools/train/train_devices.h"
 #include "tools/train/train_recipe.h"
 
@@ -56,33 +57,6 @@ void check_model_name(const std::string& model) {
   const std::vector<std::string> images = nn::model_names();
   require(model == "gpt" || std::find(images.begin(), images.end(), model) != images.end(),
           "--model must be cnn, mlp, resnet (Fashion-MNIST) or gpt (text), got '" + model + "'");
-}
-
-// --preset, then --layers/--heads/--width/--context over it (0: the preset's).
-nn::GptConfig gpt_shape(const TrainOptions& options) {
-  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--layers", options.layers},
-                                    {"--heads", options.heads},
-                                    {"--width", options.width},
-                                    {"--context", options.context}}) {
-    require(value >= 0,
-            std::string(flag) + " must be positive (leave it out for the preset's), got " + std::to_string(value));
-  }
-  nn::GptConfig config;
-  try {
-    config = nn::gpt_preset(options.preset);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--preset: ") + e.what());
-  }
-  if (options.layers > 0) config.layers = options.layers;
-  if (options.heads > 0) config.heads = options.heads;
-  if (options.width > 0) config.width = options.width;
-  if (options.context > 0) config.context = options.context;
-  try {
-    nn::check_gpt_config(config);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--model gpt: ") + e.what() + " (set by --preset, --layers, --heads, --width)");
-  }
-  return config;
 }
 
 void check_step_layout(const TrainOptions& options, int replicas) {
@@ -278,7 +252,8 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
   if (s.micro_batch < 0) s.micro_batch = default_micro_batch(s.batch_size);
   check_ranges(s);
   if (s.model == "gpt") {
-    plan.gpt = gpt_shape(s);
+    plan.gpt =
+        gpt_shape({.preset = s.preset, .layers = s.layers, .heads = s.heads, .width = s.width, .context = s.context});
     // The resolved shape, for the checkpoint: a resume needs no shape flags.
     s.layers = plan.gpt.layers;
     s.heads = plan.gpt.heads;

@@ -76,10 +76,15 @@ TEST_F(PlanCommand, ALayoutThatDoesNotFitSaysWhatDoes) {
   EXPECT_NE(r.output.find("4x Tesla T4"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dp 4, micro-batch 8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("which has 2.9 MiB"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("what fits instead: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("run it: lockstep train --model gpt --preset tiny --batch-size 32 --strategy mesh"),
+  const size_t instead = r.output.find("what fits instead: ");
+  ASSERT_NE(instead, std::string::npos) << r.output;
+  // What fits is a pipeline or a cut, whose stages hold part of the model each.
+  const std::string fits = r.output.substr(instead, r.output.find('\n', instead) - instead);
+  EXPECT_NE(fits.find(" pp "), std::string::npos) << fits;
+  EXPECT_NE(r.output.find("run it: lockstep train --model gpt --preset tiny --batch-size 32 --strategy "),
             std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find(" --pp "), std::string::npos) << r.output;
 }
 
 TEST_F(PlanCommand, BadInputIsAUsageError) {
@@ -87,6 +92,7 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
            {"--machine nope", "unknown machine 'nope'; use one of this-host, a100-80g-8x"},
            {"--preset tiny --batch-size 6 --devices 4 --micro-batch 4", "no layout splits a batch of 6 over 4"},
            {"--preset tiny --precision fp8", "--precision must be f32, bf16 or f16"},
+           {"--preset tiny --heads 5", "width 64 is not divisible by heads 5"},
            {"--preset tiny --devices 2 --batch-size 8 --tp 3", "no layout of 2 devices has the given"},
        }) {
     const Result r = run("plan " + flags);
