@@ -22,9 +22,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A file that cannot be read reads as empty, as a missing one does. /proc/<pid>/ files of a
+// process that exits between listing and reading fail the read with ESRCH, which libstdc++'s
+// stream buffer throws as an exception rather than setting a flag.
 std::string read_text(const fs::path& path) {
   std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  try {
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 std::string trim(const std::string& text) {

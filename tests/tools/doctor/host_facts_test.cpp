@@ -94,6 +94,15 @@ TEST_F(HostFactsTest, FindsTheFabricManagersProcessByItsName) {
   EXPECT_TRUE(gather_host_facts(probe).fabric_manager_running);
 }
 
+// A process that exits while doctor reads its /proc entry fails the read (ESRCH); a file
+// that opens but cannot be read (here a directory: EISDIR) stands in for it.
+TEST_F(HostFactsTest, AProcessEntryThatCannotBeReadIsSkipped) {
+  fs::create_directories(root_ / "proc/4242/comm");
+  HostProbe probe;
+  probe.root = root_.string();
+  EXPECT_NO_THROW(EXPECT_FALSE(gather_host_facts(probe).fabric_manager_running));
+}
+
 TEST_F(HostFactsTest, ReadsXidEventsFromTheKernelLog) {
   HostProbe probe;
   probe.root = root_.string();
