@@ -35,10 +35,16 @@ std::string user_name(uint32_t uid) {
   return found->pw_name;
 }
 
-// /proc/<pid>/cmdline holds the arguments separated (and ended) by NUL bytes.
+// /proc/<pid>/cmdline holds the arguments separated (and ended) by NUL bytes. A process
+// that exits while it is read fails the read (ESRCH), which libstdc++ throws: no command.
 std::string command_line(const std::string& cmdline_path) {
   std::ifstream file(cmdline_path, std::ios::binary);
-  std::string raw((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::string raw;
+  try {
+    raw.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {
+    return "";
+  }
   while (!raw.empty() && raw.back() == '\0') raw.pop_back();
   for (char& c : raw) {
     if (c == '\0') c = ' ';

@@ -23,16 +23,19 @@ namespace {
 namespace fs = std::filesystem;
 
 // A file that cannot be read reads as empty, as a missing one does. /proc/<pid>/ files of a
-// process that exits between listing and reading fail the read with ESRCH, which libstdc++'s
-// stream buffer throws as an exception rather than setting a flag.
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
+// process that exits between listing and reading fail the read with ESRCH (and a PCI
+// device's config space may fail with EIO), which libstdc++'s stream buffer throws as an
+// exception rather than setting a flag.
+std::string read_file(const fs::path& path, std::ios::openmode mode) {
+  std::ifstream in(path, mode);
   try {
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   } catch (const std::exception&) {
     return "";
   }
 }
+
+std::string read_text(const fs::path& path) { return read_file(path, std::ios::in); }
 
 std::string trim(const std::string& text) {
   const auto begin = text.find_first_not_of(" \t\r\n");
@@ -127,10 +130,7 @@ void read_iommu(const fs::path& root, HostFacts& facts) {
   std::sort(facts.iommu_domain_types.begin(), facts.iommu_domain_types.end());
 }
 
-std::string read_binary(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+std::string read_binary(const fs::path& path) { return read_file(path, std::ios::in | std::ios::binary); }
 
 // Every PCI bridge's ACS setting. sysfs gives non-root readers only the config space's first
 // 64 bytes, so a short file says "unknown", not "no ACS".
