@@ -5,6 +5,7 @@
 #endif
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 
@@ -57,6 +58,19 @@ bool Tensor::is_contiguous() const {
     expected *= shape()[i];
   }
   return true;
+}
+
+void Storage::fail_released() {
+  LOCKSTEP_FAIL() << "this tensor's bytes are released: it is a parameter sharded by ZeRO-3, used outside the "
+                     "forward and backward of the module that owns it. Call modules as module(x), not "
+                     "module.forward(x), so its parameters are gathered first; a parameter used outside its "
+                     "module (a tied head) belongs in no unit: name the unit modules' types (zero3_unit_types)";
+  std::abort();
+}
+
+void Storage::fail_not_own() {
+  LOCKSTEP_FAIL() << "only storage from the device allocator can release its bytes, not external memory";
+  std::abort();
 }
 
 void* Tensor::raw_data() const {

@@ -139,7 +139,7 @@ Tensor causal_attention(const Tensor& qkv, int64_t heads) {
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  return c_proj->forward(causal_attention(c_attn->forward(x), heads));  // c_attn: q, k, v side by side
+  return (*c_proj)(causal_attention((*c_attn)(x), heads));  // c_attn: q, k, v side by side
 }
 
 GptMlp::GptMlp(const GptConfig& config) : Module("GptMlp") {
@@ -148,7 +148,7 @@ GptMlp::GptMlp(const GptConfig& config) : Module("GptMlp") {
       register_module("c_proj", std::make_shared<GptLinear>(4 * config.width, config.width, residual_stddev(config)));
 }
 
-Tensor GptMlp::forward(const Tensor& x) { return c_proj->forward(gelu(c_fc->forward(x))); }
+Tensor GptMlp::forward(const Tensor& x) { return (*c_proj)(gelu((*c_fc)(x))); }
 
 GptBlock::GptBlock(const GptConfig& config) : Module("GptBlock") {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(config.width));
@@ -158,8 +158,8 @@ GptBlock::GptBlock(const GptConfig& config) : Module("GptBlock") {
 }
 
 Tensor GptBlock::forward(const Tensor& x) {
-  const Tensor h = x + attn->forward(ln_1->forward(x));
-  return h + mlp->forward(ln_2->forward(h));
+  const Tensor h = x + (*attn)((*ln_1)(x));
+  return h + (*mlp)((*ln_2)(h));
 }
 
 Gpt::Gpt(const GptConfig& config_, uint64_t seed) : Module("Gpt"), config(config_) {
@@ -188,12 +188,12 @@ Tensor gpt_positions(const Tensor& tokens, const GptConfig& config) {
 Tensor Gpt::forward(const Tensor& tokens) {
   // [B, T, width] + [T, width]: the position embedding broadcasts over the batch.
   const Tensor positions = gpt_positions(tokens, config);  // checks the shape first
-  Tensor x = wte->forward(tokens) + wpe->forward(positions);
+  Tensor x = (*wte)(tokens) + (*wpe)(positions);
   for (const std::shared_ptr<GptBlock>& block : h) {
-    x = checkpoint_activations ? autograd::checkpoint([block](const Tensor& in) { return block->forward(in); }, x)
-                               : block->forward(x);
+    x = checkpoint_activations ? autograd::checkpoint([block](const Tensor& in) { return (*block)(in); }, x)
+                               : (*block)(x);
   }
-  x = ln_f->forward(x);
+  x = (*ln_f)(x);
   return linear(x, wte->weight);  // tied head: x · wteᵀ, [B, T, vocab]
 }
 

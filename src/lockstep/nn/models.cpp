@@ -18,10 +18,10 @@ CNN::CNN() : Module("CNN") {
 // monotonic), values and gradients alike (where the max is <= 0 both orders pass no
 // gradient), and the relu then runs on a quarter of the elements, forward and backward.
 Tensor CNN::forward(const Tensor& x) {
-  Tensor h = relu(max_pool2d(conv1->forward(x), {2, 2}));  // [N, 32, 13, 13]
-  h = relu(max_pool2d(conv2->forward(h), {2, 2}));         // [N, 64, 5, 5]
-  h = relu(fc1->forward(flatten(h, 1)));
-  return fc2->forward(h);
+  Tensor h = relu(max_pool2d((*conv1)(x), {2, 2}));  // [N, 32, 13, 13]
+  h = relu(max_pool2d((*conv2)(h), {2, 2}));         // [N, 64, 5, 5]
+  h = relu((*fc1)(flatten(h, 1)));
+  return (*fc2)(h);
 }
 
 MLP::MLP() : Module("MLP") {
@@ -31,9 +31,9 @@ MLP::MLP() : Module("MLP") {
 }
 
 Tensor MLP::forward(const Tensor& x) {
-  Tensor h = relu(fc1->forward(flatten(x, 1)));
-  h = relu(fc2->forward(h));
-  return fc3->forward(h);
+  Tensor h = relu((*fc1)(flatten(x, 1)));
+  h = relu((*fc2)(h));
+  return (*fc3)(h);
 }
 
 ResNet::ResNet() : Module("ResNet") {

@@ -27,6 +27,17 @@ Tensor Module::forward(const Tensor&) {
   return Tensor();
 }
 
+Tensor Module::operator()(const Tensor& x) {
+  if (before_forward_) before_forward_();
+  const Tensor y = forward(x);
+  return after_forward_ ? after_forward_(y) : y;
+}
+
+void Module::set_forward_hooks(ForwardPreHook before, ForwardHook after) {
+  before_forward_ = std::move(before);
+  after_forward_ = std::move(after);
+}
+
 void Module::check_new_name(const std::string& name, const char* what) const {
   LOCKSTEP_CHECK(!name.empty() && name.find('.') == std::string::npos)
       << type_name_ << ": " << what << " name '" << name << "' must be non-empty and contain no '.'";

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -35,7 +36,17 @@ class Module {
 
   // Throws unless overridden: containers without a forward of their own are fine.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x) between this module's forward hooks, if it has any. Containers call their
+  // children this way, so a layout that gathers a child's parameters just before its
+  // forward and frees them after (ZeRO-3) sees every call.
+  Tensor operator()(const Tensor& x);
+
+  // Runs before every call through operator(), and after it on its result, whose
+  // replacement it returns (PyTorch's forward pre-hook and forward hook). One pair per
+  // module; empty functions remove them.
+  using ForwardPreHook = std::function<void()>;
+  using ForwardHook = std::function<Tensor(const Tensor& output)>;
+  void set_forward_hooks(ForwardPreHook before, ForwardHook after);
 
   // "Linear", "Sequential", ...: names the module in error messages.
   const std::string& type_name() const { return type_name_; }
@@ -125,6 +136,8 @@ class Module {
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out);
 
   std::string type_name_;
+  ForwardPreHook before_forward_;
+  ForwardHook after_forward_;
   NamedTensors parameters_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

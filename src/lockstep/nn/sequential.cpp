@@ -19,7 +19,7 @@ const std::shared_ptr<Module>& Sequential::operator[](size_t index) const {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor out = x;
-  for (const auto& entry : named_children()) out = entry.second->forward(out);
+  for (const auto& entry : named_children()) out = (*entry.second)(out);
   return out;
 }
 
