@@ -1,9 +1,10 @@
 // ZeRO under distributed data parallelism, ranks as threads over the `local` backend:
 // stage 1 (optimizer state sharded) and stage 2 (reduced gradients too) give one device's
 // weights bit for bit, whatever the rank count, the micro-batches per rank, the bucket
-// sizes or the optimizer; their checkpoint state is one unsharded optimizer's and resumes
-// on any layout; stage 2 holds a rank's share of the gradients instead of all of them. The
-// process backends run it through `lockstep train --strategy zero1|zero2`.
+// sizes or the optimizer; every stage's checkpoint state is one unsharded optimizer's and
+// resumes on any layout; stage 2 holds a rank's share of the gradients instead of all of
+// them, stage 3 (zero3_test.cpp) a rank's share of the weights as well. The process
+// backends run it through `lockstep train --strategy zero1|zero2|zero3`.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -94,11 +95,12 @@ Saved train(int ranks, int stage, int first, int steps, const std::optional<Save
       train_step(ddp, synthetic(16, static_cast<uint64_t>(s)), s * 16, static_cast<uint64_t>(s));
     const NamedTensors gathered = ddp.optimizer_state();
     saved.on_rank_1[static_cast<size_t>(rank)] = ddp.optimizer_state_on(std::min(1, ranks - 1));
+    nn::Module& full = ddp.model();  // collective under ZeRO-3
     if (rank == 0) {
       saved.gathered = gathered;
-      saved.model = model->state_dict();
+      saved.model = full.state_dict();
       for (auto& [name, tensor] : saved.model) tensor = tensor.clone();
-      saved.weights = weights(*model);
+      saved.weights = weights(full);
     }
   });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
@@ -116,7 +118,7 @@ std::vector<std::pair<std::string, std::vector<float>>> values(const NamedTensor
 TEST(Zero, TheCheckpointStateIsOneOptimizersOnEveryStage) {
   const auto whole = values(train(1, 0, 0, 2).gathered);
   ASSERT_FALSE(whole.empty());
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     const Saved saved = train(4, stage, 0, 2);
     EXPECT_EQ(values(saved.gathered), whole) << "stage " << stage;
     EXPECT_EQ(values(saved.on_rank_1[1]), whole) << "stage " << stage;
@@ -125,13 +127,15 @@ TEST(Zero, TheCheckpointStateIsOneOptimizersOnEveryStage) {
   }
 }
 
-// Saved by stage 2 on 4 ranks and resumed by ddp on 2, or saved by ddp and resumed by stage
-// 2: the weights of 4 uninterrupted steps on one device.
-TEST(Zero, StageTwoResumesOnAnyLayoutAndFromAny) {
+// Saved by stage 2 or 3 on 4 ranks and resumed by ddp on 2, or saved by ddp and resumed by
+// stage 2 or 3: the weights of 4 uninterrupted steps on one device.
+TEST(Zero, StagesTwoAndThreeResumeOnAnyLayoutAndFromAny) {
   const Weights whole = train(1, 0, 0, 4).weights;
   EXPECT_TRUE(same_bits(train(2, 0, 2, 2, train(4, 2, 0, 2)).weights, whole));
   EXPECT_TRUE(same_bits(train(4, 2, 2, 2, train(2, 0, 0, 2)).weights, whole));
   EXPECT_TRUE(same_bits(train(2, 2, 3, 1, train(4, 1, 0, 3)).weights, whole));
+  EXPECT_TRUE(same_bits(train(2, 0, 2, 2, train(4, 3, 0, 2)).weights, whole));
+  EXPECT_TRUE(same_bits(train(4, 3, 1, 3, train(2, 2, 0, 1)).weights, whole));
 }
 
 // 32 layers of 128 x 128: 2.2 MB of gradients in tensors of 64 KiB, so that a bucket or
@@ -151,7 +155,8 @@ std::shared_ptr<nn::Module> deep_narrow_mlp() {
 
 // The bytes the process holds at the peak of a step, four ranks in it, each on one
 // micro-batch, after a first step has made everything that lasts.
-int64_t peak_of_a_step(int stage, int64_t bucket_bytes) {
+// share_weights false: each rank its own copy of the weights (as between GPUs).
+int64_t peak_of_a_step(int stage, int64_t bucket_bytes, bool share_weights = true) {
   int64_t peak = 0;
   const auto errors = run_ranks(4, [&](int, std::shared_ptr<comm::Communicator> comm) {
     DistributedDataParallel ddp(deep_narrow_mlp(), adamw, comm,
@@ -159,7 +164,8 @@ int64_t peak_of_a_step(int stage, int64_t bucket_bytes) {
                                  .micro_batch = 8,
                                  .bucket_bytes = bucket_bytes,
                                  .first_bucket_bytes = bucket_bytes,
-                                 .zero_stage = stage});
+                                 .zero_stage = stage,
+                                 .share_weights = share_weights});
     train_step(ddp, synthetic(32, 0), 0, 0);
     comm->barrier();
     if (comm->rank() == 0) reset_peak_memory_stats(Device::cpu());
@@ -181,11 +187,22 @@ TEST(Zero, StageTwoHoldsItsShareOfTheGradients) {
       << "stage 1 peaked at " << stage1 << " bytes, stage 2 at " << stage2 << "; the gradients are " << gradient_bytes;
 }
 
+// Stage 2 with a copy of the weights per rank holds 4 W; stage 3 a quarter of W per rank,
+// and the units it has gathered: the first layer (784 x 128, 0.4 MB) and two of 128 x 128
+// at most at a time. The model's children are its units.
+TEST(Zero, StageThreeHoldsItsShareOfTheWeights) {
+  const int64_t weight_bytes = deep_narrow_mlp()->num_parameters() * 4, bucket = 64 << 10;
+  const int64_t gathered = (784 * 128 + 2 * 128 * 128 + 3 * 128) * 4;
+  const int64_t stage2 = peak_of_a_step(2, bucket, false), stage3 = peak_of_a_step(3, bucket, false);
+  EXPECT_GT(stage2 - stage3, 4 * (weight_bytes * 3 / 4 - gathered))
+      << "stage 2 peaked at " << stage2 << " bytes, stage 3 at " << stage3 << "; the weights are " << weight_bytes;
+}
+
 TEST(Zero, AStageItDoesNotHaveIsExplained) {
   const auto errors = run_ranks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
-    DistributedDataParallel ddp(nn::make_model("mlp", kSeed), sgd, comm, {.loss = classification(), .zero_stage = 3});
+    DistributedDataParallel ddp(nn::make_model("mlp", kSeed), sgd, comm, {.loss = classification(), .zero_stage = 4});
   });
-  EXPECT_NE(errors[0].find("ZeRO stage 3"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("ZeRO stage 4"), std::string::npos) << errors[0];
 }
 
 }  // namespace

@@ -44,8 +44,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(options),
+      gather_plan_(options.zero_stage == 3 ? plan_gathering(*model_, options.zero3_unit_types) : GatherPlan{}),
       gradients_(model_->parameters(), comm_->size(),
-                 plan_buckets(model_->parameters(), options.first_bucket_bytes, options.bucket_bytes)),
+                 options.zero_stage == 3
+                     ? gather_plan_.unit_sizes
+                     : plan_buckets(model_->parameters(), options.first_bucket_bytes, options.bucket_bytes)),
       statistics_(*model_),
       tree_(options.gradient_dtype) {
   check_loss_function("DistributedDataParallel", options.loss);
@@ -54,9 +57,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   LOCKSTEP_CHECK(options.bucket_bytes >= 1 && options.first_bucket_bytes >= 1)
       << "bucket sizes must be at least one byte, got " << options.first_bucket_bytes << " (first) and "
       << options.bucket_bytes;
-  LOCKSTEP_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2)
+  LOCKSTEP_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3)
       << "ZeRO stage " << options.zero_stage
-      << " does not exist here: 0 (none), 1 (optimizer state) or 2 (optimizer state and gradients)";
+      << " does not exist: 0 (none), 1 (optimizer state), 2 (and gradients) or 3 (and weights)";
   // Every rank starts from rank 0's weights and buffers.
   for (const auto& [name, tensor] : model_->state_dict()) comm_->broadcast(tensor, 0);
   check_precision(options.precision, gradients_.params().front().device());
@@ -86,17 +89,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   // Ranks that share host memory keep one copy of the weights and shard the optimizer
   // (f16's loss scaler needs every rank to see every sum, and runs on GPUs only anyway).
   // Local SGD's replicas differ between averagings, so each keeps its own copy.
-  const bool common = options.share_weights && comm_->shares_memory() &&
+  // ZeRO-3 keeps no full copy to share.
+  const bool common = options.zero_stage < 3 && options.share_weights && comm_->shares_memory() &&
                       gradients_.params().front().device().is_cpu() && !scaler_ && !local_sgd();
   if (options.zero_stage > 0 || common) {
-    sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer, common);
+    sharded_ = std::make_unique<ShardedOptimizer>(gradients_, *comm_, make_optimizer, common, options.zero_stage == 3);
+    if (options.zero_stage == 3)
+      gathering_ = std::make_unique<ParameterGathering>(gather_plan_, gradients_, *sharded_->sharded_weights());
   } else {
     optimizer_ = make_optimizer(model_->parameters());
   }
 
   // The final micro-batch's gradients are reduced where they lie: in memory the peers can
   // read (shared memory under `shm`), allocated once, so the all-reduce needs no staging copy.
-  // ZeRO-2 instead makes each bucket's buffer as backward reaches it.
+  // ZeRO-2 and 3 instead make each bucket's buffer as backward reaches it.
   const Tensor sample = gradients_.params().front();
   if (options.zero_stage < 2)
     reduced_ = comm_->empty_shared({gradients_.padded_numel()}, sample.dtype(), sample.device());
@@ -116,7 +122,16 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (const Tensor& p : gradients_.params()) p.set_post_accumulate_grad_hook(nullptr);
 }
 
+nn::Module& DistributedDataParallel::model() {
+  if (gathering_) gathering_->gather_all();
+  return *model_;
+}
+
 void DistributedDataParallel::load_model_state(const NamedTensors& state) {
+  if (gathering_) {
+    sharded_->sharded_weights()->write_all([&] { model_->load_state_dict(state); });
+    return;
+  }
   if (!sharded_ || !sharded_->common_weights()) {
     model_->load_state_dict(state);
     return;
@@ -229,14 +244,16 @@ int64_t DistributedDataParallel::optimizer_state_bytes() const {
 
 void DistributedDataParallel::on_gradient_ready(size_t param) {
   if (accumulating_) accumulating_->take(param);
-  if (!collecting_ || taken_[param]) return;
-  take_gradient(param);
-  if (options_.zero_stage != 1 && !hold_buckets_) start_ready_buckets();  // ZeRO-1 reduce-scatters after backward
+  if (collecting_ && !taken_[param]) {
+    take_gradient(param);
+    if (options_.zero_stage != 1 && !hold_buckets_) start_ready_buckets();  // ZeRO-1 reduce-scatters after backward
+  }
+  if (gathering_) gathering_->gradient_done(param);  // its unit may go
 }
 
 void DistributedDataParallel::take_gradient(size_t param) {
   const size_t bucket = bucket_of_[param];
-  if (options_.zero_stage == 2) {
+  if (options_.zero_stage >= 2) {
     gradients_.take(param, bucket_buffer(bucket), buckets_[bucket].begin);
   } else {
     gradients_.take(param, last_leaf_);
@@ -278,7 +295,7 @@ void DistributedDataParallel::start_ready_buckets() {
   while (next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0) {
     const size_t b = next_bucket_++;
     const GradientBucket& bucket = buckets_[b];
-    if (options_.zero_stage == 2) {
+    if (options_.zero_stage >= 2) {
       // This rank's subtree over the bucket, then its part of the tree's top across ranks
       // into the shard; the bucket is released once sent.
       Tensor buffer = std::move(bucket_buffers_[b]);
@@ -309,7 +326,7 @@ void DistributedDataParallel::start_ready_buckets() {
                      wire.dtype(), wire.numel());
     works_.push_back(comm_->all_reduce_async(wire, comm::ReduceOp::rounded_sum));
   }
-  if (options_.zero_stage == 2) {
+  if (options_.zero_stage >= 2) {
     // The next buckets' buffers exist before backward reaches them, so their linear layers
     // compute their weights' gradients in place.
     for (size_t b = next_bucket_; b < std::min(next_bucket_ + 2, buckets_.size()); ++b) bucket_buffer(b);
@@ -357,6 +374,7 @@ StepResult DistributedDataParallel::step_on_share(const TensorBatch& share, cons
     bucket_buffers_.clear();
     grad_shard_ = Tensor();
     tree_.clear();
+    if (gathering_) gathering_->abandon();
     comm_->abort("rank " + std::to_string(comm_->rank()) + ": " + error.what());
     throw;
   }
@@ -390,7 +408,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
       for (const GradientBucket& bucket : buckets_) missing_.push_back(bucket.params.size());
       next_bucket_ = 0;
       collecting_ = true;
-      if (options_.zero_stage == 2) {
+      if (options_.zero_stage >= 2) {
         grad_shard_ = Tensor::empty({sharded_->shard_size()}, gradients_.params().front().dtype(), device);
         bucket_buffers_.assign(buckets_.size(), Tensor());
         for (size_t b = 0; b < std::min<size_t>(2, buckets_.size()); ++b) bucket_buffer(b);
@@ -407,8 +425,10 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
     // the rank's subtree (no .grad beside it).
     if (!last) accumulating_.emplace(gradients_, /*hooks=*/false);
     const Precision precision{options_.precision, scaler_ ? scaler_->scale() : 1.0};
+    if (gathering_) gathering_->begin_pass();
     std::vector<Tensor> leaf = {
         run_micro_batch(*model_, options_.loss, share, first, micro, normalizer, context, device, precision)};
+    if (gathering_) gathering_->end_pass();
     for (Tensor& entry : statistics_.take()) leaf.push_back(std::move(entry));
     losses.add_leaf(std::move(leaf));
     if (!last) {
@@ -431,6 +451,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   } else {
     start_ready_buckets();
   }
+  if (gathering_) gathering_->end_step();
   times.compute = seconds_since(start);
 
   start = StepClock::now();
@@ -451,7 +472,7 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   }
   times.communicate = seconds_since(start);
   if (sharded_) {
-    if (options_.zero_stage == 2) {
+    if (options_.zero_stage >= 2) {
       sharded_->step_shard(grad_shard_, times);
       grad_shard_ = Tensor();
     } else if (options_.zero_stage == 1) {

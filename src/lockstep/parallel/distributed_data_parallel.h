@@ -17,7 +17,11 @@
 //   buffer and reduce-scatters it after backward. Stage 2 keeps a few buckets of it: each
 //   bucket is reduce-scattered the moment backward completes it (overlapped, as the
 //   all-reduce is) and freed once sent — two in flight at most, the next two made ahead —
-//   so a rank holds 1/N of the reduced gradients. The tree is the same, so are the bits;
+//   so a rank holds 1/N of the reduced gradients. Stage 3 (FSDP) shards the weights as well:
+//   each rank keeps its parts of them alone, and the model's unit modules are gathered just
+//   before their forward and backward and released after (parameter_gathering.h). The
+//   buckets are then the units' parameters; gathering copies exactly, and the tree is the
+//   same, so are the bits;
 // - ranks that share memory (`shm` processes, `local` threads) on CPU devices keep one copy
 //   of the weights, and each steps only its parts of them after the all-reduce (ZeRO's
 //   sharding, with the buckets' overlap kept and nothing to gather), so no rank repeats the
@@ -33,6 +37,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
@@ -44,6 +49,7 @@
 #include "lockstep/parallel/gradient_collector.h"
 #include "lockstep/parallel/gradient_tree.h"
 #include "lockstep/parallel/layout.h"
+#include "lockstep/parallel/parameter_gathering.h"
 #include "lockstep/parallel/powersgd.h"
 #include "lockstep/parallel/sharded_optimizer.h"
 #include "lockstep/parallel/step.h"
@@ -56,8 +62,12 @@ struct DistributedDataParallelOptions {
   int64_t micro_batch = 1;                   // samples per micro-batch: the leaf of the step's tree
   int64_t bucket_bytes = int64_t{25} << 20;  // gradient bytes per all-reduce (PyTorch's bucket_cap_mb)
   int64_t first_bucket_bytes = int64_t{1} << 20;
-  // ZeRO: 1 shards the optimizer state across the ranks, 2 the reduced gradients as well.
+  // ZeRO: 1 shards the optimizer state across the ranks, 2 the reduced gradients as well,
+  // 3 the weights too.
   int zero_stage = 0;
+  // ZeRO-3: the type names of the modules gathered one at a time (FSDP's wrapped modules,
+  // e.g. {"GptBlock"}); empty: the root's children. See parameter_gathering.h.
+  std::vector<std::string> zero3_unit_types = {};
   // Ranks that share host memory (`shm` processes, `local` threads) on CPU devices keep one
   // copy of the weights, and each steps its parts of it. false: each rank keeps its own, as
   // GPU ranks do — for ranks on different NUMA nodes, which would otherwise read the one
@@ -112,7 +122,8 @@ class DistributedDataParallel final : public Layout {
   // at once instead of waiting for it.
   StepResult step_on_share(const TensorBatch& share, const StepContext& context);
 
-  nn::Module& model() override { return *model_; }
+  // Collective under ZeRO-3: the weights are gathered, and stay so until the next step.
+  nn::Module& model() override;
   // Collective where the ranks share one copy of the weights.
   void load_model_state(const NamedTensors& state) override;
   std::vector<Device> local_devices() const override;
@@ -139,7 +150,7 @@ class DistributedDataParallel final : public Layout {
   void take_gradient(size_t param);
   void clear_grad_destinations();  // those backward did not reach keep none for later
   void start_ready_buckets();
-  // ZeRO-2: bucket b's buffer, made (padding zeroed, its weights' gradient destinations
+  // ZeRO-2 and 3: bucket b's buffer, made (padding zeroed, its weights' gradient destinations
   // set) if it does not exist yet; buffers whose reduce-scatter is done are released.
   const Tensor& bucket_buffer(size_t b);
   void release_sent_buckets();
@@ -155,22 +166,24 @@ class DistributedDataParallel final : public Layout {
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<comm::Communicator> comm_;
   DistributedDataParallelOptions options_;
+  GatherPlan gather_plan_;  // ZeRO-3's units (its buckets)
   FlatGradients gradients_;
-  StepStatistics statistics_;                    // the model's running statistics
-  std::unique_ptr<optim::Optimizer> optimizer_;  // unsharded
-  std::unique_ptr<ShardedOptimizer> sharded_;    // ZeRO, or ranks that share memory
-  std::optional<optim::LossScaler> scaler_;      // f16
+  StepStatistics statistics_;                      // the model's running statistics
+  std::unique_ptr<optim::Optimizer> optimizer_;    // unsharded
+  std::unique_ptr<ShardedOptimizer> sharded_;      // ZeRO, or ranks that share memory
+  std::unique_ptr<ParameterGathering> gathering_;  // ZeRO-3
+  std::optional<optim::LossScaler> scaler_;        // f16
   std::vector<GradientBucket> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter
 
-  Tensor reduced_;  // where the final micro-batch's gradients are reduced, every step (not ZeRO-2)
+  Tensor reduced_;  // where the final micro-batch's gradients are reduced, every step (ZeRO 0 and 1)
   Tensor wire_;     // under a bf16 gradient_dtype: what the all-reduce moves, bucket by bucket
 
   // The step in flight.
   GradientTree tree_;
   Tensor last_leaf_;                               // the final micro-batch's gradients, reduced bucket by bucket
-  Tensor grad_shard_;                              // ZeRO-2: this rank's part of every reduced bucket
-  std::vector<Tensor> bucket_buffers_;             // ZeRO-2: per bucket, its final gradients while filled
+  Tensor grad_shard_;                              // ZeRO-2 and 3: this rank's part of every reduced bucket
+  std::vector<Tensor> bucket_buffers_;             // ZeRO-2 and 3: per bucket, its final gradients while filled
   std::optional<GradientCollector> accumulating_;  // an earlier micro-batch's gradients
   bool collecting_ = false;                        // inside the final micro-batch's backward
   std::vector<bool> taken_;                        // per parameter: its gradient is in last_leaf_

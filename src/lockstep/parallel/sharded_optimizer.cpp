@@ -7,11 +7,17 @@
 namespace lockstep::parallel {
 
 ShardedOptimizer::ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm,
-                                   const OptimizerFactory& make_optimizer, bool share_weights)
+                                   const OptimizerFactory& make_optimizer, bool share_weights, bool shard_weights)
     : layout_(layout), comm_(comm) {
   LOCKSTEP_CHECK(layout.shards() % comm.size() == 0)
       << "the flat buffer's units are padded for " << layout.shards() << " shards, which do not cut into "
       << comm.size() << " ranks' parts: build its FlatGradients with shards = " << comm.size();
+  if (shard_weights) {
+    sharded_weights_ = std::make_unique<ShardedWeights>(layout, comm);
+    parts_ = sharded_weights_->parts();  // the same tensors: the optimizer steps them in place
+    optimizer_ = make_optimizer(parts_);
+    return;
+  }
   // The parameters move into one flat buffer, so this rank's parts are views of it: the
   // optimizer updates the weights in place, and no second copy of them is kept.
   const Tensor values = layout.gather_values();
@@ -79,6 +85,7 @@ void ShardedOptimizer::update(std::vector<Tensor> grads, DeviceTimes& times) {
   optimizer_->zero_grad();
   grads.clear();
   times.optimizer += seconds_since(start);
+  if (sharded_weights_) return;  // each unit is gathered when next used
   start = StepClock::now();
   if (common_) {
     comm_.barrier();  // no rank computes with the weights before every part is updated

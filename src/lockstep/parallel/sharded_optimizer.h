@@ -9,6 +9,9 @@
 // the all-gather's place. The optimizers are elementwise, so each element gets the very
 // update the unsharded optimizer gives it: the same bits with 1/N of the state per rank.
 //
+// ZeRO-3 keeps no full copy at all: the parameters live in ShardedWeights, a step updates
+// this rank's parts alone, and each unit is gathered when it is next used.
+//
 // A rank's shard buffer (its gradients under ZeRO-2) holds its part of each unit in unit
 // order: unit u's part starts at u.begin / N.
 #pragma once
@@ -21,6 +24,7 @@
 #include "lockstep/nn/named_tensors.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/flat_gradients.h"
+#include "lockstep/parallel/sharded_weights.h"
 #include "lockstep/parallel/step.h"
 
 namespace lockstep::parallel {
@@ -32,9 +36,10 @@ class ShardedOptimizer {
   // layout: the parameters, built with shards = comm.size(). Every rank's parameters must
   // hold the same values. They are moved into the flat buffer (Tensor::set_data): handles to
   // them stay valid. share_weights: one buffer for every rank where the ranks share memory;
-  // false, each its own. Collective.
+  // false, each its own. shard_weights (ZeRO-3): each rank keeps only its parts of them
+  // (sharded_weights()), and share_weights does not apply. Collective.
   ShardedOptimizer(const FlatGradients& layout, comm::Communicator& comm, const OptimizerFactory& make_optimizer,
-                   bool share_weights = true);
+                   bool share_weights = true, bool shard_weights = false);
 
   // Elements of this rank's shard buffer: padded_numel() / size.
   int64_t shard_size() const { return layout_.padded_numel() / comm_.size(); }
@@ -62,6 +67,8 @@ class ShardedOptimizer {
   const optim::Optimizer& optimizer() const { return *optimizer_; }
   // Whether every rank's parameters are one copy in memory they share.
   bool common_weights() const { return common_; }
+  // ZeRO-3's parameters; null unless shard_weights.
+  ShardedWeights* sharded_weights() { return sharded_weights_.get(); }
 
   // The state an unsharded optimizer over the parameters would have ("step",
   // "state.<param>.<slot>"), gathered from every rank: collective. Checkpoints hold this,
@@ -82,9 +89,10 @@ class ShardedOptimizer {
 
   const FlatGradients& layout_;
   comm::Communicator& comm_;
-  Tensor weights_;             // every parameter's elements, padded
-  bool common_ = false;        // weights_ is the same memory on every rank
-  std::vector<Tensor> parts_;  // this rank's part of each unit of weights_, optimizer_'s parameters
+  Tensor weights_;                                   // every parameter's elements, padded (not under ZeRO-3)
+  std::unique_ptr<ShardedWeights> sharded_weights_;  // ZeRO-3
+  bool common_ = false;                              // weights_ is the same memory on every rank
+  std::vector<Tensor> parts_;                        // this rank's part of each unit, optimizer_'s parameters
   std::unique_ptr<optim::Optimizer> optimizer_;
 };
 
