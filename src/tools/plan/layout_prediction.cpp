@@ -151,9 +151,9 @@ std::vector<LayoutChoice> candidate_layouts(const ModelFacts& model, const PlanR
       }
       const int dp = n / (tp * pp);
       if (request.batch % dp != 0) continue;
-      // ZeRO 1-2 under ddp; the mesh shards the optimizer state across its replicas (1).
+      // ZeRO 1-3 under ddp; the mesh shards the optimizer state across its replicas (1).
       const std::vector<int> zeros = dp == 1              ? std::vector<int>{0}
-                                     : tp == 1 && pp == 1 ? std::vector<int>{0, 1, 2}
+                                     : tp == 1 && pp == 1 ? std::vector<int>{0, 1, 2, 3}
                                                           : std::vector<int>{0, 1};
       const std::vector<parallel::PipelineSchedule> schedules =
           pp > 1 ? std::vector{parallel::PipelineSchedule::one_f_one_b, parallel::PipelineSchedule::gpipe}
@@ -194,7 +194,9 @@ LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& m
   const double m = static_cast<double>(layout.micro_batch);
   const double sharded = layout.zero > 0 ? layout.dp : 1;
   const double tp_share = kTensorParallelCutShare / layout.tp + (1 - kTensorParallelCutShare);
-  const bool shared_weights = machine.cpu_devices && layout.dp > 1 && layout.tp == 1 && layout.pp == 1;
+  // ZeRO-3 keeps each rank's part of the weights, nothing to share.
+  const bool shared_weights =
+      machine.cpu_devices && layout.dp > 1 && layout.tp == 1 && layout.pp == 1 && layout.zero < 3;
 
   double slowest_micro_batch = 0;  // seconds of the slowest stage's forward and backward of one micro-batch
   double largest_trained = 0;
@@ -204,6 +206,9 @@ LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& m
     largest_trained = std::max(largest_trained, p);
     MemoryBreakdown memory;
     memory.parameters = 4 * (p + static_cast<double>(share.copied));
+    // ZeRO-3: this rank's part, and the units it holds gathered.
+    if (layout.zero == 3)
+      memory.parameters = 4 * (p / layout.dp + std::min(p, static_cast<double>(model.zero3_gathered)));
     memory.optimizer = optimizer_bytes_per_parameter(request.optimizer) * p / sharded;
     if (layout.dp == 1 || layout.tp > 1 || layout.pp > 1) {
       // One device or the mesh: every micro-batch's gradients are a leaf of the tree; under
@@ -221,7 +226,7 @@ LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& m
         prediction.host_shared_bytes = (8 + optimizer_bytes_per_parameter(request.optimizer)) * p;
         memory.optimizer = 0;
         memory.gradients = copies + (layout.zero == 2 ? zero2 : 0);
-      } else if (layout.zero == 2) {
+      } else if (layout.zero >= 2) {
         memory.gradients = copies + zero2;
       } else {
         // The step's buffer, and ZeRO-1's reduced shard.
@@ -282,6 +287,14 @@ LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& m
     // devices run the copies on the cores that compute, so nothing overlaps.
     const double overlap = machine.cpu_devices ? 0 : slowest_micro_batch * 2.0 / 3.0;
     communication += std::max(reduce - overlap, reduce * kBucketBytes / std::max(4 * largest_trained, kBucketBytes));
+    if (layout.zero == 3) {
+      // Every micro-batch all-gathers the weights for its forward and again for its backward,
+      // where ZeRO-1 and 2 gather them once after the step: 2k - 1 more all-gathers, each
+      // half an all-reduce's traffic. On GPUs the prefetch hides them behind the compute.
+      const double gathers = static_cast<double>(2 * k - 1) * reduce / 2;
+      const double hidden = machine.cpu_devices ? 0 : time.compute;
+      communication += std::max(gathers - hidden, gathers * kBucketBytes / std::max(4 * largest_trained, kBucketBytes));
+    }
   }
   time.communication = communication;
 

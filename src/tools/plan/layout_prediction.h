@@ -40,7 +40,7 @@ namespace lockstep::tools {
 
 struct LayoutChoice {
   int dp = 1, tp = 1, pp = 1;
-  int zero = 0;  // 0; under ddp 1 or 2; on a mesh of several replicas 1
+  int zero = 0;  // 0; under ddp 1, 2 or 3; on a mesh of several replicas 1
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
   int64_t micro_batch = 1;
   bool checkpoint_activations = false;

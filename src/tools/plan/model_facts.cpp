@@ -16,6 +16,8 @@
 #include "lockstep/ops/loss.h"
 #include "lockstep/parallel/gpt_mesh.h"
 #include "lockstep/parallel/gpt_stage.h"
+#include "lockstep/parallel/parameter_gathering.h"
+#include "tools/common/zero3_units.h"
 
 namespace lockstep::tools {
 namespace {
@@ -32,6 +34,31 @@ int64_t element_count(const nn::Module& model) {
   int64_t count = 0;
   for (const auto& [name, parameter] : model.named_parameters()) count += parameter.numel();
   return count;
+}
+
+// ZeRO-3's gathering groups of the model (parameter_gathering.h): the elements of group 0
+// (gathered for the whole step), and of every unit, largest first.
+struct GatherGroups {
+  int64_t always = 0;
+  std::vector<int64_t> units;
+};
+
+GatherGroups gather_groups(nn::Module& model, const std::string& name) {
+  const parallel::GatherPlan plan = parallel::plan_gathering(model, zero3_unit_types(name));
+  const std::vector<Tensor> params = model.parameters();
+  std::vector<int64_t> sizes(plan.modules.size() + 1, 0);
+  for (size_t i = 0; i < params.size(); ++i) sizes[plan.group_of[i]] += params[i].numel();
+  GatherGroups groups{.always = sizes[0], .units = std::vector<int64_t>(sizes.begin() + 1, sizes.end())};
+  std::sort(groups.units.rbegin(), groups.units.rend());
+  return groups;
+}
+
+// What a rank holds gathered at the most: group 0 and two units (the one in use and the
+// one prefetched).
+int64_t most_gathered(const GatherGroups& groups, int64_t units) {
+  int64_t total = groups.always;
+  for (size_t u = 0; u < groups.units.size() && u < static_cast<size_t>(units); ++u) total += groups.units[u];
+  return total;
 }
 
 // One forward and backward of `loss_of(m)` on cpu:0: the bytes allocated beyond the weights
@@ -187,6 +214,8 @@ ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& preci
   nn::GptConfig three = config;
   three.layers = 3;
   auto full = std::make_shared<nn::Gpt>(three, 1);
+  // Every block is one unit, and the rest is group 0 whatever the block count.
+  facts.zero3_gathered = most_gathered(gather_groups(*full, "gpt"), std::min<int64_t>(2, config.layers));
   struct Cut {
     int64_t block = 0, first_extra = 0, last_extra = 0, whole_extra = 0, head_copy = 0;
   };
@@ -243,6 +272,7 @@ ModelFacts image_model_facts(const std::string& name, const std::string& precisi
   ModelFacts facts;
   facts.label = name + " (Fashion-MNIST's 28x28 images, 10 classes)";
   facts.parameters = element_count(*model);
+  facts.zero3_gathered = most_gathered(gather_groups(*model, name), 2);
   facts.activations = {.rest_kept = scaled.kept, .last_transient = scaled.transient};
   facts.base.seconds = scaled.per_sample_seconds;
   facts.workspace_bytes = scaled.fixed_bytes;

@@ -48,6 +48,9 @@ struct ModelFacts {
   SampleCost base;
   SampleCost block;  // one transformer block
   ActivationBytes activations, checkpointed;
+  // ZeRO-3: the most parameter elements a rank holds gathered at once (whole, beside its
+  // shards): the parameters outside every unit and two units, as `lockstep train` cuts them.
+  int64_t zero3_gathered = 0;
   double workspace_bytes = 0;      // what a micro-batch needs whatever its size
   double micro_batch_seconds = 0;  // on this host, what a micro-batch costs whatever its size
   double measure_seconds = 0;      // how long measuring took

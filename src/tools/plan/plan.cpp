@@ -154,7 +154,7 @@ int plan_main(const std::vector<std::string>& args) {
   flags.add("dp", &o.dp, "only layouts with this many data-parallel replicas (0: any)");
   flags.add("tp", &o.tp, "only layouts with this tensor-parallel size (0: any)");
   flags.add("pp", &o.pp, "only layouts with this many pipeline stages (0: any)");
-  flags.add("zero", &o.zero, "only this ZeRO stage, 0-2 (-1: any)");
+  flags.add("zero", &o.zero, "only this ZeRO stage, 0-3 (-1: any)");
   flags.add("top", &o.top, "layouts to list that fit (0: all)");
   flags.add_switch("json", &o.json, "one JSON object per layout, one per line, fitting ones first");
   if (!flags.parse(args)) return 0;
@@ -199,11 +199,12 @@ int plan_main(const std::vector<std::string>& args) {
     if (wanted(o, p.layout)) asked.push_back(p);
   }
   if (asked.empty()) {
-    throw UsageError("plan: no layout of " + std::to_string(machine.devices) +
-                     " devices has the given --dp/--tp/--pp/"
-                     "--zero (their product must be the devices; ZeRO-2 only under pure data parallelism, ZeRO-1 with "
-                     "several replicas; --tp must "
-                     "divide the heads and the vocabulary)");
+    throw UsageError(
+        "plan: no layout of " + std::to_string(machine.devices) +
+        " devices has the given --dp/--tp/--pp/"
+        "--zero (their product must be the devices; ZeRO-2 and 3 only under pure data parallelism, ZeRO-1 with "
+        "several replicas; --tp must "
+        "divide the heads and the vocabulary)");
   }
 
   if (o.json) {

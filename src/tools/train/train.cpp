@@ -364,7 +364,9 @@ int train_main(const std::vector<std::string>& args) {
       "strategy", &options.strategy,
       "dp: this process drives every device; ddp: one process per device, started by mpirun, torchrun or "
       "lockstep run; zero1: ddp with the optimizer state sharded across the processes (with --dp, --tp, --pp: the "
-      "mesh's, across each data-parallel group); zero2: the reduced gradients sharded too; mesh (implied by --dp, "
+      "mesh's, across each data-parallel group); zero2: the reduced gradients sharded too; zero3: the weights too, "
+      "each layer gathered when used; mesh "
+      "(implied by --dp, "
       "--tp, --pp): a GPT over dp x tp x pp devices driven by this process");
   flags.add("dp", &options.dp, "gpt: data-parallel replicas of the mesh (default: --devices / (tp x pp), else 1)");
   flags.add("tp", &options.tp,

@@ -86,7 +86,7 @@ void plan_data_parallel(TrainPlan& plan, const TrainEnvironment& environment) {
   plan.replicas = static_cast<int>(s.devices);
 }
 
-// ddp, zero1 and zero2: this process is one device of a launched job.
+// ddp, zero1, zero2 and zero3: this process is one device of a launched job.
 void plan_distributed(TrainPlan& plan, const TrainEnvironment& environment) {
   TrainOptions& s = plan.settings;
   const comm::LaunchInfo& launch = environment.launch;
@@ -120,7 +120,7 @@ void plan_mesh(TrainPlan& plan, const TrainEnvironment& environment) {
   require(s.model == "gpt",
           "--dp/--tp/--pp (--strategy mesh) cut a GPT's layers and blocks: use --model gpt, or "
           "train --model " +
-              s.model + " with --strategy dp, ddp, zero1 or zero2");
+              s.model + " with --strategy dp, ddp, zero1, zero2 or zero3");
   require(s.tp >= 1 && s.pp >= 1 && s.dp >= 0, "--dp, --tp and --pp must be at least 1, got --dp " +
                                                    std::to_string(s.dp) + " --tp " + std::to_string(s.tp) + " --pp " +
                                                    std::to_string(s.pp));
@@ -195,10 +195,11 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
     // --strategy zero1 beside the mesh's flags shards each rank's optimizer state across its
     // data-parallel group (DeepSpeed's ZeRO stage 1 beside Megatron-LM's tensor and pipeline
     // parallelism).
-    require(!given("strategy") || s.strategy != "zero2",
-            "--strategy zero2 (the reduced gradients sharded too) is not built for the mesh (--dp, --tp, --pp, "
-            "--schedule, --stages): use --strategy zero1 with them (the optimizer state sharded across each "
-            "data-parallel group), or --strategy zero2 without them (ddp, one process per device)");
+    require(!given("strategy") || (s.strategy != "zero2" && s.strategy != "zero3"),
+            "--strategy " + s.strategy +
+                " is not built for the mesh (--dp, --tp, --pp, --schedule, --stages): use --strategy zero1 with them "
+                "(the optimizer state sharded across each data-parallel group), or --strategy " +
+                s.strategy + " without them (ddp, one process per device)");
     require(!given("strategy") || s.strategy == "mesh" || s.strategy == "zero1",
             "--dp, --tp, --pp, --schedule and --stages lay out a mesh; they do not go with --strategy " + s.strategy +
                 ": leave --strategy out (or give mesh), or give zero1 to shard the optimizer state across each "
@@ -206,12 +207,12 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
     if (given("strategy") && s.strategy == "zero1") plan.mesh.zero_stage = 1;
     s.strategy = "mesh";
   }
-  require(
-      s.strategy == "dp" || s.strategy == "ddp" || s.strategy == "zero1" || s.strategy == "zero2" ||
-          s.strategy == "mesh",
-      "--strategy must be dp (one process drives every device), ddp (one process per device), zero1 (ddp with "
-      "the optimizer state sharded), zero2 (the gradients too) or mesh (a GPT over --dp x --tp x --pp devices), got '" +
-          s.strategy + "'");
+  require(s.strategy == "dp" || s.strategy == "ddp" || s.strategy == "zero1" || s.strategy == "zero2" ||
+              s.strategy == "zero3" || s.strategy == "mesh",
+          "--strategy must be dp (one process drives every device), ddp (one process per device), zero1 (ddp with "
+          "the optimizer state sharded), zero2 (the gradients too), zero3 (the weights too) or mesh (a GPT over --dp x "
+          "--tp x --pp devices), got '" +
+              s.strategy + "'");
   // The GPT and the mesh layouts run on CPU devices in this version: only an explicit
   // request for GPUs is an error for them.
   const bool cpu_only = s.model == "gpt" || s.strategy == "mesh";

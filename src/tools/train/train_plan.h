@@ -36,7 +36,7 @@ struct TrainPlan {
   TrainOptions settings;
   nn::GptConfig gpt;              // --model gpt: the shape resolved from --preset and the shape flags
   parallel::GptMeshOptions mesh;  // --strategy mesh
-  int processes = 1;              // of the job: ddp, zero1, zero2 or a launched mesh have one per device
+  int processes = 1;              // of the job: ddp, zero1-3 or a launched mesh have one per device
   int rank = 0;
   int local_rank = 0;  // among this host's processes: a ddp rank's GPU is cuda:local_rank
   bool leader = true;  // writes the files and prints the results: rank 0

@@ -5,6 +5,7 @@
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
+#include "tools/common/zero3_units.h"
 
 namespace lockstep::tools {
 
@@ -117,9 +118,11 @@ class DistributedStrategy final : public TrainStrategy {
             .micro_batch = options.micro_batch,
             .bucket_bytes = std::max<int64_t>(1, bucket_bytes),
             .first_bucket_bytes = std::max<int64_t>(1, std::min<int64_t>(bucket_bytes, 1 << 20)),
-            .zero_stage = options.strategy == "zero2"   ? 2
+            .zero_stage = options.strategy == "zero3"   ? 3
+                          : options.strategy == "zero2" ? 2
                           : options.strategy == "zero1" ? 1
                                                         : 0,
+            .zero3_unit_types = zero3_unit_types(options.model),
             .precision = parse_dtype(options.precision),
             .gradient_dtype = parse_dtype(options.grad_dtype),
             .sync_every = options.sync_every,

@@ -2,7 +2,8 @@
 // replica and worker each (parallel::DataParallel). `ddp`: this process is one rank of a
 // job started by mpirun, torchrun or `lockstep run`, one device per process
 // (parallel::DistributedDataParallel). `zero1`: ddp with the optimizer state sharded
-// across the ranks (ZeRO stage 1); `zero2`: the reduced gradients as well (stage 2). All
+// across the ranks (ZeRO stage 1); `zero2`: the reduced gradients as well (stage 2);
+// `zero3`: the weights too, each block gathered when it is used (stage 3, FSDP). All
 // take the same tree-shaped step, so they give the same weights.
 #pragma once
 
@@ -62,7 +63,7 @@ std::vector<std::string> cpu_device_names(int first, int count);
 std::unique_ptr<TrainStrategy> make_mesh_strategy(const TrainPlan& plan, const ReplicaFactory& make_replica,
                                                   const OptimizerFactory& make_optimizer);
 
-// Builds the plan's layout; a process of a launched job (ddp, zero1, zero2, a mesh of processes)
+// Builds the plan's layout; a process of a launched job (ddp, zero1, zero2, zero3, a mesh of processes)
 // joins it here (init_process_group(plan.settings.backend)). dp and ddp train with `loss` on
 // the loader's batches; the mesh trains its GPT's own loss on the text's tokens and targets.
 std::unique_ptr<TrainStrategy> make_train_strategy(const TrainPlan& plan, const parallel::LossFunction& loss,

@@ -22,6 +22,7 @@ ModelFacts transformer_facts() {
   facts.transformer = true;
   facts.gpt = {.vocab = 256, .context = 8, .layers = 12, .heads = 12, .width = 48};
   facts.parameters = 12 * static_cast<int64_t>(kP);
+  facts.zero3_gathered = static_cast<int64_t>(kP) / 8;
   facts.activations = {
       .block_kept = 10, .rest_kept = 100, .first_kept = 0, .last_transient = 1000, .other_transient = 1000};
   facts.checkpointed = {
@@ -60,7 +61,7 @@ TEST(LayoutPrediction, OffersEveryMeshTheModelCutsInto) {
     shapes.insert({l.dp, l.tp, l.pp, l.zero, l.schedule == parallel::PipelineSchedule::gpipe});
   }
   // tp divides the 12 heads and the 256 tokens: 1, 2, 4 (not 8); pp any of 1, 2, 4, 8 with
-  // dp the rest, as long as dp's share of 64 holds micro-batches of 8. ZeRO 1-2 under ddp,
+  // dp the rest, as long as dp's share of 64 holds micro-batches of 8. ZeRO 1-3 under ddp,
   // ZeRO-1 on a mesh of several replicas.
   std::set<std::tuple<int, int, int, int, bool>> expected;
   for (int tp : {1, 2, 4}) {
@@ -69,7 +70,7 @@ TEST(LayoutPrediction, OffersEveryMeshTheModelCutsInto) {
       const int dp = 8 / (tp * pp);
       if (64 / dp % 8 != 0) continue;
       const std::vector<int> zeros = dp == 1              ? std::vector<int>{0}
-                                     : tp == 1 && pp == 1 ? std::vector<int>{0, 1, 2}
+                                     : tp == 1 && pp == 1 ? std::vector<int>{0, 1, 2, 3}
                                                           : std::vector<int>{0, 1};
       for (int zero : zeros) {
         for (bool gpipe : pp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
@@ -105,6 +106,13 @@ TEST(LayoutPrediction, DataParallelMemoryFollowsEachStagesFormula) {
   const LayoutPrediction zero2 = predict({.dp = 4, .zero = 2, .micro_batch = 2}, 8);
   EXPECT_DOUBLE_EQ(zero2.memory.optimizer, 2 * kP);
   EXPECT_DOUBLE_EQ(zero2.memory.gradients, kP + 4 * kP);
+  // ZeRO-3: a quarter of the weights and the units gathered (an eighth of them here), the
+  // rest as ZeRO-2.
+  const LayoutPrediction zero3 = predict({.dp = 4, .zero = 3, .micro_batch = 2}, 8);
+  EXPECT_DOUBLE_EQ(zero3.memory.parameters, kP + kP / 2);
+  EXPECT_DOUBLE_EQ(zero3.memory.optimizer, 2 * kP);
+  EXPECT_DOUBLE_EQ(zero3.memory.gradients, kP + 4 * kP);
+  EXPECT_GT(zero3.time.communication, zero2.time.communication);
   // Activations: one micro-batch of 2 samples, 12 blocks of 10 bytes and the head's 100
   // kept, 1000 while backward runs.
   EXPECT_DOUBLE_EQ(ddp.memory.activations, 2 * (12 * 10 + 100 + 1000));

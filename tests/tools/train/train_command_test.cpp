@@ -184,10 +184,11 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
   EXPECT_EQ(exits[1].output, "");  // only rank 0 reports
   EXPECT_EQ(comm::testing::leftover_segments(exits), std::vector<std::string>{});
 
-  // ZeRO-1 and 2: the same bits. Processes that share memory (shm) keep one copy of the
-  // weights and each steps its shard, under ddp as under ZeRO: half the optimizer state on
-  // each of the two ranks, and the allocator's peak below one device's by more than that half.
-  for (const std::string strategy : {"zero1", "zero2"}) {
+  // ZeRO-1, 2 and 3: the same bits. Processes that share memory (shm) keep one copy of the
+  // weights and each steps its shard, under ddp as under ZeRO-1 and 2; under ZeRO-3 each
+  // keeps its half: half the optimizer state on each of the two ranks, and the allocator's
+  // peak below one device's by more than that half.
+  for (const std::string strategy : {"zero1", "zero2", "zero3"}) {
     const auto sharded = comm::testing::launch_program(
         2, kBinary, split_words(flags + " --strategy " + strategy + " --out " + (root_ / strategy).string()), {});
     for (const auto& e : sharded) ASSERT_EQ(e.exit_code, 0) << comm::testing::describe(sharded);
@@ -195,7 +196,7 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
   }
   const double whole = summary(root_ / "one")["optimizer_state_bytes"];
   const double one_peak = summary(root_ / "one")["peak_memory_bytes"];
-  for (const std::string strategy : {"ddp", "zero1", "zero2"}) {
+  for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
     const nlohmann::json run_summary = summary(root_ / strategy);
     EXPECT_NEAR(run_summary["optimizer_state_bytes"].get<double>(), whole / 2, 64) << strategy << " " << whole;
     EXPECT_LT(run_summary["peak_memory_bytes"].get<double>(), one_peak - 0.4 * whole)
@@ -238,14 +239,14 @@ TEST_F(TrainCommand, AKilledRankEndsTheJobNamingIt) {
 }
 
 // A checkpoint written by 2 ZeRO-2 processes (the optimizer state gathered whole) resumes
-// under ZeRO-1, whose checkpoint resumes on one process with 2 devices, ending with the
-// weights of an uninterrupted run.
+// under ZeRO-3 (the weights too), whose checkpoint resumes under ZeRO-1, whose checkpoint
+// resumes on one process with 2 devices, ending with the weights of an uninterrupted run.
 TEST_F(TrainCommand, ZeroCheckpointsResumeOnEveryLayout) {
   const std::string flags = base() + " --optimizer adamw --lr-schedule cosine:total=10 --micro-batch 8 --steps 10";
   ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "whole").string()).exit_code, 0);
   const std::string split = (root_ / "split").string();
-  for (const std::string leg :
-       {" --strategy zero2 --stop-after 4 --out ", " --strategy zero1 --stop-after 7 --resume "}) {
+  for (const std::string leg : {" --strategy zero2 --stop-after 3 --out ", " --strategy zero3 --stop-after 5 --resume ",
+                                " --strategy zero1 --stop-after 7 --resume "}) {
     const auto exits = comm::testing::launch_program(2, kBinary, split_words(flags + leg + split), {});
     for (const auto& e : exits) ASSERT_EQ(e.exit_code, 0) << leg << comm::testing::describe(exits);
   }

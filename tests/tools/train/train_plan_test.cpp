@@ -162,12 +162,12 @@ TEST(TrainPlan, Zero1WithMeshFlagsShardsTheMeshsOptimizerState) {
   ddp.flags.strategy = "zero1";
   ddp.given = {"model", "strategy"};
   EXPECT_EQ(plan(ddp, launched(0, 2, 2, 4)).settings.strategy, "zero1");
-  mesh.flags.strategy = "zero2";
-  const std::string error = usage_error(mesh, host(4));
-  EXPECT_NE(error.find("--strategy zero2 (the reduced gradients sharded too) is not built for the mesh"),
-            std::string::npos)
-      << error;
-  EXPECT_NE(error.find("use --strategy zero1 with them"), std::string::npos) << error;
+  for (const std::string strategy : {"zero2", "zero3"}) {
+    mesh.flags.strategy = strategy;
+    const std::string error = usage_error(mesh, host(4));
+    EXPECT_NE(error.find("--strategy " + strategy + " is not built for the mesh"), std::string::npos) << error;
+    EXPECT_NE(error.find("use --strategy zero1 with them"), std::string::npos) << error;
+  }
   mesh.flags.strategy = "dp";
   EXPECT_NE(usage_error(mesh, host(4)).find("or give zero1 to shard the optimizer state"), std::string::npos);
 }
