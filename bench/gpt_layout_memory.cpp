@@ -23,8 +23,8 @@
 // gradients, which the formula leaves out; a short --context keeps the activations small.
 //
 //   build/bin/gpt_layout_memory [--context 64]
-//       [--layouts 1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4,dp2pp2,
-//                  zero1dp2pp2,dp2tp2,zero1dp2tp2]
+//       [--layouts 1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero3dp2,zero1dp4,zero2dp4,
+//                  zero3dp4,zero2dp8,zero3dp8,dp2pp2,zero1dp2pp2,dp2tp2,zero1dp2tp2]
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -66,8 +66,8 @@ struct Options {
   std::string preset = "gpt2-124m";
   int64_t context = 64;
   std::string layouts =
-      "1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero1dp4,zero2dp4,dp2pp2,zero1dp2pp2,dp2tp2,"
-      "zero1dp2tp2";
+      "1,dp2,tp2,pp2,tp2pp2,dp2tp2pp2,ddp2,zero1dp2,zero2dp2,zero3dp2,zero1dp4,zero2dp4,zero3dp4,zero2dp8,"
+      "zero3dp8,dp2pp2,zero1dp2pp2,dp2tp2,zero1dp2tp2";
 };
 
 // A layout to measure: the mesh's shape (under ZeRO-1 where mesh_zero is 1), or under
@@ -315,20 +315,27 @@ LayoutMemory measure_zero_layout(const nn::Gpt& full, int ranks, int stage, Devi
   on_rank_threads(ranks, [&](int r) {
     replicas[static_cast<size_t>(r)] = std::make_unique<parallel::DistributedDataParallel>(
         models[static_cast<size_t>(r)], adamw, comms[static_cast<size_t>(r)],
-        parallel::DistributedDataParallelOptions{
-            .loss = parallel::next_token_loss(), .micro_batch = 1, .zero_stage = stage, .share_weights = false});
+        parallel::DistributedDataParallelOptions{.loss = parallel::next_token_loss(),
+                                                 .micro_batch = 1,
+                                                 .zero_stage = stage,
+                                                 .zero3_unit_types = {"GptBlock"},
+                                                 .share_weights = false});
   });
   const int64_t params = models.front()->num_parameters(), shard = params / ranks;
+  // ZeRO-3 gathers two blocks at a time besides the embeddings and the final norm.
+  const int64_t block = models.front()->h.front()->num_parameters();
+  const int64_t gathered = params - full.config.layers * block + 2 * block;
   for (int r = 0; r < ranks; ++r) {
     RankMemory& m = layout.ranks[static_cast<size_t>(r)];
     m.params = params;
     m.holds = "h.0-" + std::to_string(full.config.layers - 1) + " +emb";
-    if (stage > 0) m.holds += stage == 1 ? " mv/" : " mvg/";
+    if (stage > 0) m.holds += stage == 1 ? " mv/" : stage == 2 ? " mvg/" : " wmvg/";
     if (stage > 0) m.holds += std::to_string(ranks);
-    // Weights, and (below stage 2) the buffer every step's gradients are reduced in.
-    m.built_formula = (stage < 2 ? 8 : 4) * params;
+    // Weights (stage 3: this rank's part), and (below stage 2) the buffer every step's
+    // gradients are reduced in.
+    m.built_formula = stage == 3 ? 4 * shard : (stage < 2 ? 8 : 4) * params;
     m.kept_formula = stage == 0 ? 16 * params : m.built_formula + 8 * shard;
-    m.peak_formula = stage == 0 ? 16 * params : m.built_formula + 12 * shard;
+    m.peak_formula = stage == 0 ? 16 * params : m.built_formula + 12 * shard + (stage == 3 ? 4 * gathered : 0);
     m.built = allocated(r) - before[static_cast<size_t>(r)];
   }
 
@@ -397,6 +404,8 @@ void print_table(const std::vector<LayoutMemory>& layouts) {
       "  zero1          built 8, kept 8 + 8/N (m and v sharded), peak 8 + 12/N (and this rank's reduced shard)\n"
       "  zero2          built 4, kept 4 + 8/N, peak 4 + 12/N (the reduced gradients sharded too), plus the\n"
       "                 buckets in flight\n"
+      "  zero3          built 4/N, kept 12/N, peak 16/N (the weights sharded too) and 4 B per parameter\n"
+      "                 gathered: the embeddings and final norm, and two blocks; plus the buckets in flight\n"
       "over: kept minus its formula, AdamW's step counts (one scalar, a 64-byte block, per parameter tensor\n"
       "or ZeRO part). peak1 and peak2 hold activations and transient gradient copies besides the formula.\n");
 }
@@ -414,8 +423,8 @@ int main_checked(int argc, char** argv) {
   flags.add("context", &options.context, "the GPT's context (the preset's is 1024): shorter keeps activations small");
   flags.add("layouts", &options.layouts,
             "comma-separated: 1 (one device) or dp<D>, tp<T>, pp<P> together, e.g. tp2pp2 (the mesh); ddp<D>, "
-            "zero1dp<D>, zero2dp<D> (DistributedDataParallel on D ranks); zero1 before a mesh with tp or pp, e.g. "
-            "zero1dp2pp2 (the mesh under ZeRO-1)");
+            "zero1dp<D>, zero2dp<D>, zero3dp<D> (DistributedDataParallel on D ranks); zero1 before a mesh with tp or "
+            "pp, e.g. zero1dp2pp2 (the mesh under ZeRO-1)");
   if (!flags.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
   std::vector<Requested> requested;
   int most_ranks = 1;
@@ -444,7 +453,7 @@ int main_checked(int argc, char** argv) {
       layout.mesh_zero = 1;
       layout.zero_stage = -1;
     }
-    if (shape.dp < 1 || shape.tp < 1 || shape.pp < 1 || layout.zero_stage > 2 ||
+    if (shape.dp < 1 || shape.tp < 1 || shape.pp < 1 || layout.zero_stage > 3 ||
         (layout.zero_stage >= 0 && (shape.tp > 1 || shape.pp > 1 || mesh.rfind("dp", 0) != 0))) {
       return usage_error("bad layout '" + name + "'");
     }

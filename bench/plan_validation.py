@@ -22,7 +22,7 @@ import tempfile
 
 LAYOUTS = [
     # (name as the plan gives it, extra train flags)
-    "dp 2", "dp 2 zero1", "dp 2 zero2", "tp 2", "pp 2 1f1b", "pp 2 gpipe",
+    "dp 2", "dp 2 zero1", "dp 2 zero2", "dp 2 zero3", "tp 2", "pp 2 1f1b", "pp 2 gpipe",
 ]
 
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/nn/models.h"
+#include "lockstep/optim/adamw.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
@@ -21,6 +22,10 @@ using namespace step_testing;
 
 inline std::unique_ptr<optim::Optimizer> sgd(std::vector<Tensor> params) {
   return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+}
+
+inline std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.1});
 }
 
 // `steps` DDP steps of a global batch on `ranks` ranks; every rank's final weights. Each

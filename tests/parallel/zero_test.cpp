@@ -15,7 +15,6 @@
 #include "lockstep/nn/init.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/sequential.h"
-#include "lockstep/optim/adamw.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
 #include "parallel/ddp_testing.h"
 #include "parallel/rank_threads.h"
@@ -27,10 +26,6 @@ namespace {
 using namespace step_testing;
 using namespace ddp_testing;
 using rank_threads::run_ranks;
-
-std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
-  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.1});
-}
 
 // 32 samples in micro-batches of 4 are 2 per rank on 4 ranks (earlier micro-batches folded
 // locally); of 8, one per rank (where stage 2 reduce-scatters everything backward makes).

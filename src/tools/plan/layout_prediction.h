@@ -86,10 +86,11 @@ struct PlanRequest {
 };
 
 // Every layout the devices divide into: dp x tp x pp = devices with tp dividing the heads
-// and the vocabulary and pp at most the blocks (the GPT), ZeRO 1-2 under pure data
-// parallelism and ZeRO-1 on meshes of several replicas, both schedules under pipelines, the micro-batches (powers of
-// two and the whole share) that divide a replica's share, activation checkpointing on and off. A UsageError when none
-// does (the batch cannot be split over the devices).
+// and the vocabulary and pp at most the blocks (the GPT), ZeRO 1-3 under pure data
+// parallelism and ZeRO-1 on meshes of several replicas, both schedules under pipelines, the
+// micro-batches (powers of two and the whole share) that divide a replica's share,
+// activation checkpointing on and off. A UsageError when none does (the batch cannot be
+// split over the devices).
 std::vector<LayoutChoice> candidate_layouts(const ModelFacts& model, const PlanRequest& request);
 
 LayoutPrediction predict_layout(const ModelFacts& model, const MachineProfile& machine, const PlanRequest& request,
