@@ -220,6 +220,26 @@ TEST_F(TrainCommand, DdpProcessesGiveTheBitsOfOneDevice) {
   EXPECT_NEAR(summary(zero2)["optimizer_state_bytes"].get<double>(), whole / 2, 64);
 }
 
+// --micro-batch auto on CPU devices, where memory is plentiful: the whole share of each of
+// two devices (16 of the batch of 32), printed with the flag that repeats the run, which
+// gives the same weights; ddp processes choose alike. A word that is neither is refused.
+TEST_F(TrainCommand, MicroBatchAutoPicksTheShareOnCpuDevices) {
+  const std::string flags = base() + " --steps 3";
+  const Result chosen = run(flags + " --devices 2 --micro-batch auto --out " + (root_ / "auto").string());
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_NE(chosen.output.find("micro-batch auto: 16, the largest predicted to fit"), std::string::npos)
+      << chosen.output;
+  EXPECT_NE(chosen.output.find("give --micro-batch 16 to repeat this run"), std::string::npos) << chosen.output;
+  EXPECT_EQ(summary(root_ / "auto")["micro_batch"], 16);
+  ASSERT_EQ(run(flags + " --devices 2 --micro-batch 16 --out " + (root_ / "given").string()).exit_code, 0);
+  EXPECT_EQ(summary(root_ / "auto")["weights_sha256"], summary(root_ / "given")["weights_sha256"]);
+  run_processes(2, flags + " --strategy zero3 --micro-batch auto --out " + (root_ / "zero3").string());
+  EXPECT_EQ(summary(root_ / "zero3")["weights_sha256"], summary(root_ / "given")["weights_sha256"]);
+  const Result bad = run(flags + " --micro-batch many");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("--micro-batch expects an integer or auto, got 'many'"), std::string::npos) << bad.output;
+}
+
 // A rank killed mid-run (kill -9) ends the job: the survivor stops with an error that
 // names the dead rank, well before the collective timeout, and leaves nothing in /dev/shm.
 TEST_F(TrainCommand, AKilledRankEndsTheJobNamingIt) {
