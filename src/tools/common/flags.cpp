@@ -26,6 +26,10 @@ void Flags::add(const std::string& name, std::string* target, const std::string&
 void Flags::add(const std::string& name, int64_t* target, const std::string& help) {
   options_.push_back({name, target, help, text_of(*target)});
 }
+void Flags::add(const std::string& name, int64_t* target, const std::string& word, bool* chose_word,
+                const std::string& help) {
+  options_.push_back({name, target, help, text_of(*target), word, chose_word});
+}
 void Flags::add(const std::string& name, uint64_t* target, const std::string& help) {
   options_.push_back({name, target, help, text_of(*target)});
 }
@@ -43,8 +47,13 @@ const Flags::Option* Flags::find(const std::string& name) const {
 }
 
 void Flags::set(const Option& option, const std::string& value) const {
+  if (option.chose_word != nullptr && value == option.word) {
+    *option.chose_word = true;
+    return;
+  }
   const auto bad = [&](const char* expected) {
-    usage_error("--" + option.name + " expects " + expected + ", got '" + value + "'");
+    usage_error("--" + option.name + " expects " + expected + (option.word.empty() ? "" : " or " + option.word) +
+                ", got '" + value + "'");
   };
   std::visit(
       [&](auto* target) {

@@ -19,6 +19,10 @@ class Flags {
   void add(const std::string& name, int64_t* target, const std::string& help);
   void add(const std::string& name, uint64_t* target, const std::string& help);
   void add(const std::string& name, double* target, const std::string& help);
+  // An integer flag that also takes one word in place of a number (--micro-batch auto): the
+  // word sets *chose_word and leaves *target as it was.
+  void add(const std::string& name, int64_t* target, const std::string& word, bool* chose_word,
+           const std::string& help);
   void add_switch(const std::string& name, bool* target, const std::string& help);
 
   // Returns false when --help was given (usage printed to stdout); throws UsageError.
@@ -33,6 +37,8 @@ class Flags {
     std::variant<std::string*, int64_t*, uint64_t*, double*, bool*> target;
     std::string help;
     std::string default_text;
+    std::string word = "";  // an integer flag's one word, if it takes one
+    bool* chose_word = nullptr;
   };
   const Option* find(const std::string& name) const;
   void set(const Option& option, const std::string& value) const;

@@ -329,25 +329,6 @@ int run_training(const TrainPlan& plan) {
 
 }  // namespace
 
-namespace {
-
-// --micro-batch's number (auto is read apart).
-int64_t parse_micro_batch(const std::string& text) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) {
-    throw UsageError("--micro-batch expects an integer or auto, got '" + text + "'");
-  }
-  return value;
-}
-
-}  // namespace
-
 int train_main(const std::vector<std::string>& args) {
   // Slurm's --signal can come up to a minute early, as the job starts: caught from the first
   // instant, it stops the run at its first step boundary with a checkpoint instead of ending
@@ -372,8 +353,8 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("epochs", &options.epochs, "passes over the training set");
   flags.add("steps", &options.steps, "optimizer steps to take (default: --epochs worth; 0: only evaluate)");
   flags.add("batch-size", &options.batch_size, "samples per step, over all devices");
-  std::string micro_batch_text;
-  flags.add("micro-batch", &micro_batch_text,
+  bool auto_micro_batch = false;
+  flags.add("micro-batch", &options.micro_batch, "auto", &auto_micro_batch,
             "samples per forward/backward pass (default: batch-size / 8 where it divides); with the seed and batch "
             "size it fixes the result. auto: the largest that lockstep plan predicts to fit (CPU devices)");
   flags.add("devices", &options.devices_flag,
@@ -434,8 +415,6 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("trace", &options.trace_file, "write each device's steps as a Chrome trace (opens in Perfetto)");
   flags.add_switch("quiet", &options.quiet, "no progress display");
   if (!flags.parse(args)) return 0;
-  const bool auto_micro_batch = micro_batch_text == "auto";
-  if (!micro_batch_text.empty() && !auto_micro_batch) options.micro_batch = parse_micro_batch(micro_batch_text);
   const TrainEnvironment environment = environment_of(options);
   // auto: plan with the default first, for the layout; a checkpoint's micro-batch stays.
   const auto given = [&](const std::string& flag) {
