@@ -141,7 +141,7 @@ void ParameterGathering::before_backward(size_t group, size_t position) {
   if (waiting_[group] == 0) return;  // its gradients are all in: nothing of it runs again
   gather(group);
   // Backward meets the units in the reverse of forward's order: the one before is next.
-  if (position > 0 && position <= order_.size() && order_[position - 1] != group && waiting_[order_[position - 1]] > 0)
+  if (position > 0 && order_[position - 1] != group && waiting_[order_[position - 1]] > 0)
     prefetch(order_[position - 1]);
 }
 
