@@ -10,12 +10,6 @@ namespace {
 
 constexpr const char* kStepKey = "step";
 
-// Where a slot of parameter p lives: per-element state beside p; a counter, which the host
-// reads every step, in host memory (p's own CPU device, so memory_stats counts it there).
-Device slot_device(const Tensor& p, bool per_element) {
-  return per_element || !p.device().is_cuda() ? p.device() : Device::cpu();
-}
-
 }  // namespace
 
 std::string state_key(size_t index, const std::string& slot) {
@@ -61,6 +55,44 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::vector<StateSlo
   set_lr(lr);
 }
 
+Device Optimizer::state_device(const Tensor& p, bool per_element) const {
+  if (offload_) return *offload_;
+  // p's own CPU device, so memory_stats counts a CPU parameter's counter there.
+  return per_element || !p.device().is_cuda() ? p.device() : Device::cpu();
+}
+
+void Optimizer::offload_to(Device host) {
+  LOCKSTEP_CHECK(host.is_cpu()) << name() << ": the optimizer state is offloaded to host memory, a CPU device; got "
+                                << host;
+  offload_ = host;
+  for (std::vector<Tensor>& slots : state_)
+    for (Tensor& t : slots)
+      if (t.defined() && t.device() != host) t = t.to(host);
+  staged_.assign(params_.size(), Staged{});
+}
+
+int64_t Optimizer::staging_bytes() const {
+  int64_t bytes = 0;
+  for (const Staged& s : staged_)
+    for (const Tensor* t : {&s.param, &s.grad})
+      if (t->defined()) bytes += t->numel() * static_cast<int64_t>(dtype_size(t->dtype()));
+  return bytes;
+}
+
+void Optimizer::update_on_host(size_t index, const Tensor& param, const Tensor& grad) {
+  Staged& staged = staged_.at(index);
+  if (!staged.param.defined()) {
+    staged.param = Tensor::empty(param.shape(), param.dtype(), *offload_);
+    staged.grad = Tensor::empty(grad.shape(), grad.dtype(), *offload_);
+  }
+  // The parameter is read back each step rather than kept as the truth on the host: a
+  // program may write the weights between steps (a load, an average of replicas).
+  staged.param.copy_from(param);
+  staged.grad.copy_from(grad);
+  update(index, staged.param, staged.grad);
+  param.copy_from(staged.param);
+}
+
 void Optimizer::set_lr(double lr) {
   LOCKSTEP_CHECK(lr >= 0.0) << "optimizer: learning rate must be >= 0, got " << lr;
   lr_ = lr;
@@ -81,7 +113,11 @@ void Optimizer::step() {
       dense.copy_from(g);
       g = dense;
     }
-    update(i, p, g);
+    if (offload_ && p.device() != *offload_) {
+      update_on_host(i, p, g);
+    } else {
+      update(i, p, g);
+    }
   }
   ++step_count_;
 }
@@ -96,7 +132,7 @@ Tensor& Optimizer::state_slot(size_t param, size_t slot) {
     const Tensor& p = params_[param];
     const bool per_element = slots_[slot].per_element;
     t = Tensor::zeros(per_element ? p.shape() : Shape{}, per_element ? p.dtype() : DType::i64,
-                      slot_device(p, per_element));
+                      state_device(p, per_element));
   }
   return t;
 }
@@ -165,7 +201,7 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
       continue;
     }
     Tensor copy = Tensor::empty(expected, slots_[slot].per_element ? p.dtype() : DType::i64,
-                                slot_device(p, slots_[slot].per_element));
+                                state_device(p, slots_[slot].per_element));
     copy.copy_from(value);
     loaded[index][slot] = copy;
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,26 @@ class Optimizer {
   // changed. A parameter with no entries starts fresh (as one that never had a gradient).
   void load_state_dict(const NamedTensors& state);
 
+  // Optimizer offload (ZeRO-Offload's CPU optimizer): the state lives on `host` and the
+  // update runs there. Each step copies a parameter and its gradient into host buffers,
+  // updates them with the host's kernels and copies the parameter back: for GPU parameters,
+  // AdamW's 8 bytes of moments per parameter leave the GPU, and 12 bytes per parameter cross
+  // the bus each step. The update is elementwise and the GPU's kernels compute as the CPU's
+  // (docs/architecture.md), so the bits do not change. `host` is a CPU device; state already
+  // created moves there. Parameters already on `host` are stepped in place.
+  void offload_to(Device host);
+  // The device offload_to named; none when the state lives beside the parameters.
+  std::optional<Device> offload_device() const { return offload_; }
+  // Bytes of the host buffers that offload stages parameters and gradients in.
+  int64_t staging_bytes() const;
+
   // State of parameter i in slot s (undefined until created), for sharded optimizers.
   const Tensor& state(size_t param, size_t slot) const { return state_.at(param).at(slot); }
   const std::vector<StateSlot>& slots() const { return slots_; }
 
  protected:
-  // Updates params_[index] from grad (contiguous, same shape, dtype and device). Runs
-  // under NoGradGuard.
+  // Updates `param` from grad (contiguous, same shape, dtype and device): params_[index], or
+  // its host copy under offload. Runs under NoGradGuard.
   virtual void update(size_t index, const Tensor& param, const Tensor& grad) = 0;
   // The state tensor of (param, slot), created (zeros) on first use.
   Tensor& state_slot(size_t param, size_t slot);
@@ -70,10 +84,22 @@ class Optimizer {
   double lr_;
 
  private:
+  // Where the state of parameter p lives: beside it, or on the offload device; a counter of
+  // a GPU parameter, which the host reads every step, in host memory.
+  Device state_device(const Tensor& p, bool per_element) const;
+  // Offload: the host copy of parameter `index` and its gradient `grad`, updated there and
+  // copied back.
+  void update_on_host(size_t index, const Tensor& param, const Tensor& grad);
+
   std::vector<Tensor> params_;
   std::vector<StateSlot> slots_;
   std::vector<std::vector<Tensor>> state_;  // [param][slot]
   int64_t step_count_ = 0;
+  std::optional<Device> offload_;
+  struct Staged {
+    Tensor param, grad;
+  };
+  std::vector<Staged> staged_;  // offload: per parameter, its host buffers (created on first step)
 };
 
 // The grain for parallel_for in elementwise update loops: below it, threads cost more than

@@ -106,7 +106,9 @@ Tensor ShardedOptimizer::gather_slot(size_t slot, int root) {
   const Tensor full = assembles ? layout_.empty_buffer() : Tensor();
   for (size_t u = 0; u < parts_.size(); ++u) {
     const FlatUnit& unit = layout_.units()[u];
-    const Tensor part = optimizer_->state(u, slot).reshape({parts_[u].numel()});
+    Tensor part = optimizer_->state(u, slot).reshape({parts_[u].numel()});
+    // Offloaded state lives in host memory, which a GPU's collectives cannot read.
+    if (!same_memory(part.device(), parts_[u].device())) part = part.to(parts_[u].device());
     if (root < 0) {
       comm_.all_gather(part, slice(full, 0, unit.begin, unit.end));
     } else if (!assembles) {
