@@ -38,6 +38,7 @@ struct TrainOptions {
   int64_t sync_every = 1;          // ddp: local SGD's steps between averagings (1: every step's gradients)
   int64_t powersgd_rank = 0;       // ddp: PowerSGD's approximation rank (0: off)
   int64_t powersgd_start = 10;     // ddp: the step PowerSGD starts at (plain all-reduces before)
+  bool offload_optimizer = false;  // GPUs: the optimizer state in host memory, stepped there
   double lr = -1;                  // -1: default_lr(model, optimizer)
   std::string optimizer;           // "": adamw
   double momentum = 0.9;

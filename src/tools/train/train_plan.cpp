@@ -245,6 +245,11 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
           "--grad-dtype bf16 is for --strategy ddp on CPU devices, where gradients cross a network; this run is "
           "--strategy " +
               s.strategy + (s.device_type == DeviceType::cuda ? " on GPUs" : ""));
+  require(!s.offload_optimizer || s.strategy != "mesh",
+          "--offload-optimizer keeps the optimizer state of --strategy dp, ddp and zero1-3 in host memory; the mesh "
+          "(--dp/--tp/--pp) steps its optimizer on its devices");
+  plan.offload_optimizer = s.offload_optimizer && s.device_type == DeviceType::cuda;
+  plan.offload_ignored = s.offload_optimizer && !plan.offload_optimizer;
   // After the checkpoint's settings: a resumed run keeps the optimizer it had.
   if (s.optimizer.empty()) s.optimizer = kDefaultOptimizer;
   // -1 stands for "the optimizer's default": a negative --lr must not pass for it.

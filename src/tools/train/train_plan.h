@@ -44,6 +44,10 @@ struct TrainPlan {
   int threads_per_device = 1;
   int replicas = 1;          // the devices that share the batch: every device, or a mesh's dp
   int64_t accumulation = 1;  // micro-batches per replica per step
+  // --offload-optimizer on GPUs; on CPU devices, whose state is in host memory already, the
+  // flag does nothing and the run says so (offload_ignored).
+  bool offload_optimizer = false;
+  bool offload_ignored = false;
   std::string out_dir;
   std::string resume_from;  // the folder whose newest intact checkpoint the run continues; "": a fresh start
   double checkpoint_interval_seconds = 0;

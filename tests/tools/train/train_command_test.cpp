@@ -352,6 +352,18 @@ TEST_F(TrainCommand, ASignalStopsAtAStepWithACheckpointAndTheResumeIsExact) {
 // of two ddp ranks with --resume auto, rank 1 killed by SIGKILL mid-run in the first
 // attempt. The group restarts from the newest checkpoint and ends with the weights of one
 // uninterrupted run on one device.
+// On CPU devices the optimizer state is in host memory already: --offload-optimizer says it
+// does nothing, and the run is the run without it.
+TEST_F(TrainCommand, OffloadingTheOptimizerOnCpuDevicesSaysItDoesNothing) {
+  const std::string flags = base("mlp") + " --steps 3 --devices 1";
+  ASSERT_EQ(run(flags + " --out " + (root_ / "plain").string()).exit_code, 0);
+  const Result r = run(flags + " --offload-optimizer --out " + (root_ / "offload").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--offload-optimizer does nothing on CPU devices"), std::string::npos) << r.output;
+  EXPECT_EQ(summary(root_ / "offload")["optimizer_offload"], false);
+  EXPECT_EQ(summary(root_ / "offload")["weights_sha256"], summary(root_ / "plain")["weights_sha256"]);
+}
+
 TEST_F(TrainCommand, ARestartedGroupContinuesFromItsCheckpoint) {
   const std::string flags = base() + " --steps 400 --micro-batch 8 --checkpoint-every 5";
   ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "whole").string()).exit_code, 0);

@@ -107,6 +107,30 @@ TEST(TrainPlan, ADistributedProcessIsOneDeviceOfItsJob) {
             std::string::npos);
 }
 
+// --offload-optimizer offloads on GPUs; on CPU devices it does nothing, and the plan says
+// so for the run to print. The mesh steps its optimizer on its devices: refused there.
+TEST(TrainPlan, OffloadingTheOptimizerIsForGpus) {
+  Command offload;
+  offload.flags.offload_optimizer = true;
+  offload.flags.strategy = "zero2";
+  offload.given = {"offload-optimizer", "strategy"};
+  const TrainPlan gpus = plan(offload, launched(0, 2, 2, 8, 2));
+  EXPECT_TRUE(gpus.offload_optimizer);
+  EXPECT_FALSE(gpus.offload_ignored);
+  const TrainPlan cpus = plan(offload, launched(0, 2, 2, 8));
+  EXPECT_FALSE(cpus.offload_optimizer);
+  EXPECT_TRUE(cpus.offload_ignored);
+  EXPECT_FALSE(plan({}, host(4, 2)).offload_optimizer);
+  Command mesh = offload;
+  mesh.flags.model = "gpt";
+  mesh.flags.strategy = "mesh";
+  mesh.flags.tp = 2;
+  mesh.given.insert({"model", "tp"});
+  EXPECT_NE(usage_error(mesh, host(4)).find("--offload-optimizer keeps the optimizer state of --strategy dp, ddp and "
+                                            "zero1-3 in host memory"),
+            std::string::npos);
+}
+
 TEST(TrainPlan, MeshFlagsLayOutAGptMesh) {
   Command mesh;
   mesh.flags.model = "gpt";
