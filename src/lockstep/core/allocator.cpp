@@ -1,10 +1,13 @@
 #include "lockstep/core/allocator.h"
 
+#include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 #include <vector>
 
@@ -43,12 +46,41 @@ std::string available_memory() {
   return "the host's available memory is unknown";
 }
 
+// LOCKSTEP_CPU_DEVICE_MEMORY's bytes: digits with an optional binary suffix (K, M, G, T,
+// alone or with "iB"/"B").
+int64_t limit_from_environment() {
+  const char* text = std::getenv("LOCKSTEP_CPU_DEVICE_MEMORY");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const double number = std::strtod(text, &end);
+  std::string suffix(end);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = suffix.empty() || suffix == "B" ? 1 : 0;
+  double unit = 1;
+  for (const char* prefix : {"K", "M", "G", "T"}) {
+    unit *= 1024;
+    for (const char* tail : {"", "B", "IB"}) {
+      if (suffix == std::string(prefix) + tail) scale = unit;
+    }
+  }
+  LOCKSTEP_CHECK(end != text && number >= 0 && scale > 0)
+      << "LOCKSTEP_CPU_DEVICE_MEMORY='" << text
+      << "' is not a size: give bytes, or a number with K, M, G or T (binary: 512M, 1.5GiB), or 0 for no limit";
+  return static_cast<int64_t>(number * scale);
+}
+
+// -1 until read: the variable is read at the first allocation, not at static initialization.
+std::atomic<int64_t>& limit_bytes() {
+  static std::atomic<int64_t> limit = -1;
+  return limit;
+}
+
 struct CpuPool {
   std::mutex mutex;
   MemoryStats stats;
   std::unordered_map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
 
-  void* allocate(size_t bytes) {
+  void* allocate(int index, size_t bytes) {
     const size_t size = round_size(bytes);
     std::lock_guard<std::mutex> lock(mutex);
     void* ptr = nullptr;
@@ -57,15 +89,19 @@ struct CpuPool {
       ptr = it->second.back();
       it->second.pop_back();
     } else {
+      check_limit(index, size);
       ptr = std::aligned_alloc(64, size);
       if (ptr == nullptr) {
         // The cache's blocks of other sizes go back first, as PyTorch empties its cache.
         const int64_t cached = release_cached();
         ptr = std::aligned_alloc(64, size);
-        LOCKSTEP_CHECK(ptr != nullptr) << "out of host memory: " << mib(size) << " asked, "
-                                       << mib(stats.allocated_bytes) << " in use by tensors (" << mib(cached)
-                                       << " of cached blocks given back first); " << available_memory()
-                                       << ": use a smaller model, batch or micro-batch";
+        if (ptr == nullptr) {
+          std::ostringstream message;
+          message << "out of host memory: " << mib(size) << " asked, " << mib(stats.allocated_bytes)
+                  << " in use by tensors (" << mib(cached) << " of cached blocks given back first); "
+                  << available_memory() << ": use a smaller model, batch or micro-batch";
+          throw OutOfMemoryError(message.str());
+        }
       }
       stats.reserved_bytes += static_cast<int64_t>(size);
     }
@@ -73,6 +109,21 @@ struct CpuPool {
     stats.allocations += 1;
     if (stats.allocated_bytes > stats.peak_allocated_bytes) stats.peak_allocated_bytes = stats.allocated_bytes;
     return ptr;
+  }
+
+  // A new block of `size` must keep the reserved bytes within the device's limit: the
+  // cached blocks go back first, as a GPU's allocator empties its cache before it fails.
+  void check_limit(int index, size_t size) {
+    const int64_t limit = cpu_device_memory_limit();
+    if (limit == 0 || stats.reserved_bytes + static_cast<int64_t>(size) <= limit) return;
+    const int64_t cached = release_cached();
+    if (stats.reserved_bytes + static_cast<int64_t>(size) <= limit) return;
+    std::ostringstream message;
+    message << "out of memory on cpu:" << index << ": tried to allocate " << mib(size) << "; the device has "
+            << mib(limit) << " in all (LOCKSTEP_CPU_DEVICE_MEMORY), " << mib(stats.allocated_bytes)
+            << " held by tensors (" << mib(cached)
+            << " of cached blocks given back first): use a smaller micro-batch, or spread the model over more devices";
+    throw OutOfMemoryError(message.str());
   }
 
   // Called from Storage's noexcept destructor: it must not throw, so a block the cache
@@ -123,7 +174,7 @@ CpuPool& cpu_pool(int index) {
 void* device_alloc(Device device, size_t bytes) {
   if (device.is_cuda()) return bytes == 0 ? nullptr : cuda::allocate(device, bytes);
   if (bytes == 0) return nullptr;
-  void* ptr = cpu_pool(device.index()).allocate(bytes);
+  void* ptr = cpu_pool(device.index()).allocate(device.index(), bytes);
 #ifndef NDEBUG
   // Debug builds (the sanitizer presets) hand out every block filled with 0xFF bytes: NaN
   // as a float or a double, -1 as an integer. A reused block would otherwise still hold its
@@ -141,6 +192,22 @@ void device_free(Device device, void* ptr, size_t bytes) {
   } else {
     cpu_pool(device.index()).release(ptr, bytes);
   }
+}
+
+int64_t cpu_device_memory_limit() {
+  std::atomic<int64_t>& limit = limit_bytes();
+  int64_t bytes = limit.load(std::memory_order_relaxed);
+  if (bytes < 0) {
+    bytes = limit_from_environment();
+    int64_t unread = -1;
+    if (!limit.compare_exchange_strong(unread, bytes)) bytes = unread;  // a setter came first
+  }
+  return bytes;
+}
+
+void set_cpu_device_memory_limit(int64_t bytes) {
+  LOCKSTEP_CHECK(bytes >= 0) << "a CPU device's memory limit must be 0 (none) or positive, got " << bytes;
+  limit_bytes().store(bytes);
 }
 
 MemoryStats memory_stats(Device device) {

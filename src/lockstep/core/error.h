@@ -20,6 +20,14 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// A device had no memory left for an allocation: the GPU's (or a CPU device's under
+// LOCKSTEP_CPU_DEVICE_MEMORY, core/allocator.h) or the host's. A training loop may catch it
+// to retry a step with a smaller micro-batch (parallel/layout.h says when that is safe).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 // Collects a message with operator<< and throws it when the statement ends.

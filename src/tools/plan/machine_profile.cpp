@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "lockstep/core/allocator.h"
 #include "lockstep/core/error.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/core/tensor.h"
@@ -200,7 +201,10 @@ MachineProfile this_host_profile(int devices) {
   machine.name = "this-host";
   machine.cpu_devices = true;
   machine.devices = devices;
-  machine.memory_bytes = host_memory / devices;
+  // A CPU device has the host's memory, shared, unless LOCKSTEP_CPU_DEVICE_MEMORY gives it
+  // a GPU's fixed share (core/allocator.h).
+  const auto limit = static_cast<double>(cpu_device_memory_limit());
+  machine.memory_bytes = limit > 0 ? std::min(limit, host_memory / devices) : host_memory / devices;
   machine.achieved_fraction = 1;
 
   // One device's GEMM rate on its share of the cores; devices beyond the cores share them.

@@ -6,6 +6,7 @@
 // the number of distinct sizes (and so the cache) small for a training step's shapes.
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -78,11 +79,12 @@ void* allocate(Device device, size_t bytes) {
       cudaGetLastError();
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
-      LOCKSTEP_FAIL() << "out of memory on " << device << ": tried to allocate " << mib(static_cast<int64_t>(size))
-                      << "; the GPU has " << mib(static_cast<int64_t>(total_bytes)) << " in all, "
-                      << mib(static_cast<int64_t>(free_bytes)) << " free; Lockstep holds "
-                      << mib(p.stats.allocated_bytes) << " in tensors on this device. Use a smaller --batch-size or "
-                      << "--micro-batch, or spread the model over more devices";
+      std::ostringstream message;
+      message << "out of memory on " << device << ": tried to allocate " << mib(static_cast<int64_t>(size))
+              << "; the GPU has " << mib(static_cast<int64_t>(total_bytes)) << " in all, "
+              << mib(static_cast<int64_t>(free_bytes)) << " free; Lockstep holds " << mib(p.stats.allocated_bytes)
+              << " in tensors on this device: use a smaller micro-batch, or spread the model over more devices";
+      throw OutOfMemoryError(message.str());
     }
     LOCKSTEP_CUDA_CHECK(rc);
     p.stats.reserved_bytes += static_cast<int64_t>(size);
