@@ -231,7 +231,8 @@ int64_t DataParallel::optimizer_state_bytes(int device) const {
   return optimizers_.at(static_cast<size_t>(device))->state_bytes();
 }
 
-void DataParallel::run_device(int device, const TensorBatch& batch, const StepContext& context, StepResult& result) {
+void DataParallel::run_device(int device, const TensorBatch& batch, const StepContext& context, StepResult& result,
+                              bool& updating) {
   DeviceTimes& times = result.devices[static_cast<size_t>(device)];
   StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
@@ -265,6 +266,7 @@ void DataParallel::run_device(int device, const TensorBatch& batch, const StepCo
   comm::Communicator& comm = *comms_[device];
   start = StepClock::now();
   comm.barrier();  // so the wait for the slowest device is not counted as communication
+  updating = true;
   times.wait = seconds_since(start);
   start = StepClock::now();
   all_reduce_on_host(comm, loss_sum);
@@ -337,8 +339,38 @@ StepResult DataParallel::step(const TensorBatch& batch, const StepContext& conte
       for (auto& device_sums : sums) device_sums.clear();
     }
   } release{sums_};
-  workers_->run([&](int device) { run_device(device, batch, context, result); });
+  try {
+    workers_->run([&](int device) {
+      bool updating = false;
+      try {
+        run_device(device, batch, context, result, updating);
+      } catch (const OutOfMemoryError& e) {
+        if (!updating) throw;
+        // Some devices may have stepped their shares: the step cannot be taken again.
+        LOCKSTEP_FAIL() << e.what() << " (while the gradients were summed and the weights updated, so the "
+                        << "weights may be partly updated: continue from the last checkpoint)";
+      }
+    });
+  } catch (const OutOfMemoryError&) {
+    recover_from_failed_step();
+    throw;
+  }
   return result;
+}
+
+std::string DataParallel::set_micro_batch(int64_t micro_batch, int64_t global_batch) {
+  if (micro_batch < 1) return "the micro-batch must hold at least one sample, got " + std::to_string(micro_batch);
+  const std::string error = check_step_layout(global_batch, micro_batch, devices());
+  if (!error.empty()) return error;
+  options_.micro_batch = micro_batch;
+  return "";
+}
+
+void DataParallel::recover_from_failed_step() {
+  for (const std::vector<Tensor>& params : params_) {
+    for (const Tensor& p : params) p.set_grad(Tensor());
+  }
+  comms_ = comm::LocalCommunicator::create_group(devices());
 }
 
 }  // namespace lockstep::parallel

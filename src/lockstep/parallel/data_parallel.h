@@ -67,7 +67,10 @@ class DataParallel final : public Layout {
   std::vector<Device> local_devices() const override;
   int devices() const { return static_cast<int>(replicas_.size()); }
   Device device(int d) const { return Device(options_.device_type, d); }
-  int64_t micro_batch() const { return options_.micro_batch; }
+  int64_t micro_batch() const override { return options_.micro_batch; }
+  // Accepted whenever the global batch splits into it. A step that runs out of memory
+  // before the gradients are summed leaves nothing changed (layout.h).
+  std::string set_micro_batch(int64_t micro_batch, int64_t global_batch) override;
   int threads_per_device() const { return options_.threads_per_device; }
   nn::Module& replica(int device) { return *replicas_.at(device); }
   // The learning rate of every device's optimizer.
@@ -83,8 +86,13 @@ class DataParallel final : public Layout {
   int64_t optimizer_state_bytes(int device) const;
 
  private:
-  // Device d's part of a step; device 0 also writes the step's loss.
-  void run_device(int device, const TensorBatch& batch, const StepContext& context, StepResult& result);
+  // Device d's part of a step; device 0 also writes the step's loss. `updating` turns true
+  // once every device has its gradients, when the step starts to change state.
+  void run_device(int device, const TensorBatch& batch, const StepContext& context, StepResult& result, bool& updating);
+  // After a step failed before its update: every device's gradients dropped and a fresh
+  // communicator group for the aborted one, so the next step starts clean (each step
+  // discards the statistics a failed one left).
+  void recover_from_failed_step();
   // Shared weights: folds device d's share of every device's sums and steps it.
   void step_share(int device, DeviceTimes& times);
   // Shared weights: the position of parameter `param` among device d's optimizer's

@@ -122,6 +122,7 @@ class DistributedDataParallel final : public Layout {
   // at once instead of waiting for it.
   StepResult step_on_share(const TensorBatch& share, const StepContext& context);
 
+  int64_t micro_batch() const override { return options_.micro_batch; }
   // Collective under ZeRO-3: the weights are gathered, and stay so until the next step.
   nn::Module& model() override;
   // Collective where the ranks share one copy of the weights.

@@ -38,6 +38,7 @@ class GptMeshParallel final : public Layout {
 
   // StepResult::devices: one entry per rank this process drives, in rank order.
   StepResult step(const TensorBatch& global_batch, const StepContext& context) override;
+  int64_t micro_batch() const override { return options_.mesh.micro_batch; }
   // The full model, gathered from the ranks each time it is asked for (collective).
   nn::Module& model() override;
   nn::Module* model_on(int root) override;

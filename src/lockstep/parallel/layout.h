@@ -26,6 +26,22 @@ class Layout {
   // must split as the step's tree needs (check_step_layout); the error says which sizes do.
   virtual StepResult step(const TensorBatch& global_batch, const StepContext& context) = 0;
 
+  // The samples of a micro-batch, the leaf of the step's tree (0 where the layout does not
+  // say).
+  virtual int64_t micro_batch() const { return 0; }
+  // Changes the micro-batch of the steps that follow, where the layout can: "" when done,
+  // else why not. global_batch is what the next step gets, which the new micro-batch must
+  // split as the step's tree needs. A layout that accepts promises that a step which threw
+  // OutOfMemoryError changed no weight, gradient, statistic or optimizer state and left the
+  // layout ready for the next step (one that ran out while updating throws a plain Error),
+  // so a training loop may retry that step with a smaller micro-batch, as
+  // train::TrainerOptions::halve_micro_batch_on_out_of_memory does. Layouts across processes
+  // refuse: one process's error cannot reach the others waiting in a collective without
+  // ending their group.
+  virtual std::string set_micro_batch(int64_t /*micro_batch*/, int64_t /*global_batch*/) {
+    return "the layout's micro-batch is fixed when it is built";
+  }
+
   // The whole model as one device holds it (device 0's replica; this rank's under ddp):
   // what is saved and evaluated.
   virtual nn::Module& model() = 0;

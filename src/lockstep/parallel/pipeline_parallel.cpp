@@ -3,7 +3,8 @@
 namespace lockstep::parallel {
 
 PipelineParallel::PipelineParallel(const SequentialPipelineOptions& options, const MakeModel& make_model,
-                                   const OptimizerFactory& make_optimizer, int threads_per_device) {
+                                   const OptimizerFactory& make_optimizer, int threads_per_device)
+    : micro_batch_(options.micro_batch) {
   LOCKSTEP_CHECK(options.replicas >= 1 && options.stages >= 1)
       << "a pipeline needs at least one replica and one stage, got " << options.replicas << " x " << options.stages;
   const int size = options.replicas * options.stages;

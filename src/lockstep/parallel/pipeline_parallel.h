@@ -27,6 +27,7 @@ class PipelineParallel final : public Layout {
   // StepResult::devices holds one entry per rank, in rank order (rank r: replica r mod D,
   // stage r / D).
   StepResult step(const TensorBatch& global_batch, const StepContext& context) override;
+  int64_t micro_batch() const override { return micro_batch_; }
   // The whole model, gathered from the stages into rank 0's copy.
   nn::Module& model() override;
   void load_model_state(const NamedTensors& state) override;
@@ -40,6 +41,7 @@ class PipelineParallel final : public Layout {
   SequentialPipelineRank& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }
 
  private:
+  int64_t micro_batch_;
   std::unique_ptr<LocalRanks> local_;
   std::vector<std::unique_ptr<SequentialPipelineRank>> ranks_;
 };

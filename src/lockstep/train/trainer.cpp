@@ -32,7 +32,7 @@ NamedTensors with_prefix_removed(const NamedTensors& tensors, const std::string&
 }
 
 // The keys the trainer keeps in a checkpoint's metadata; a recipe may not reuse them.
-constexpr std::array<const char*, 5> kTrainerKeys = {"step", "epoch", "sample", "seed", "batch_size"};
+constexpr std::array<const char*, 6> kTrainerKeys = {"step", "epoch", "sample", "seed", "batch_size", "micro_batch"};
 
 int64_t metadata_integer(const Checkpoint& checkpoint, const std::string& key, const std::string& path) {
   const auto it = checkpoint.metadata.find(key);
@@ -112,8 +112,13 @@ TrainSummary Trainer::run_fit() {
   if (const std::optional<FoundCheckpoint> found = checkpoint_to_resume(options_.resume, options_.out_dir)) {
     const Checkpoint& checkpoint = found->checkpoint;
     const std::string& path = found->path;
-    for (const auto& [key, ours] : {std::pair<std::string, int64_t>{"batch_size", options_.batch_size},
-                                    {"seed", static_cast<int64_t>(options_.seed)}}) {
+    std::vector<std::pair<std::string, int64_t>> kept = {{"batch_size", options_.batch_size},
+                                                         {"seed", static_cast<int64_t>(options_.seed)}};
+    // The micro-batch shapes the step's tree; checkpoints of programs that kept no
+    // micro-batch, or of layouts that do not say theirs, resume as before.
+    if (layout_.micro_batch() > 0 && checkpoint.metadata.contains("micro_batch"))
+      kept.emplace_back("micro_batch", layout_.micro_batch());
+    for (const auto& [key, ours] : kept) {
       const int64_t theirs = metadata_integer(checkpoint, key, path);
       LOCKSTEP_CHECK(theirs == ours) << path << " was made with " << key << " " << theirs << ", this run has " << ours
                                      << ": resume with the same " << key << ", or give another out_dir";
@@ -159,9 +164,10 @@ TrainSummary Trainer::run_fit() {
     if (!batch) continue;  // the epoch is over; the loader moved to the next one
     layout_.set_lr(schedule.lr_at(options_.lr, step));
     flight.set_phase("step");
-    const parallel::StepResult result = layout_.step(
-        batch->samples,
-        {.seed = options_.seed, .step = static_cast<uint64_t>(step), .first_sample = batch->first_position});
+    const parallel::StepResult result =
+        step_layout(batch->samples,
+                    {.seed = options_.seed, .step = static_cast<uint64_t>(step), .first_sample = batch->first_position},
+                    summary, progress);
     flight.set_phase("step boundary");
     ++step;
     summary.samples += batch->size();
@@ -220,6 +226,7 @@ TrainSummary Trainer::run_fit() {
   }
   progress.finish();
   summary.steps = step;
+  summary.micro_batch = layout_.micro_batch();
   summary.finished = step == total;
   summary.position = loader.position();
   if (!layout_.replicas_agree()) layout_.average_replicas();  // the run's end: one model
@@ -235,20 +242,52 @@ TrainSummary Trainer::run_fit() {
   }
   summary.weights_sha256 = weights_sha256(*trained_);
   if (options_.leader && !out.empty() && options_.write_summary) {
-    write_json_file((out / "summary.json").string(), {{"steps", summary.steps},
-                                                      {"finished", summary.finished},
-                                                      {"resumed_from", summary.resumed_from},
-                                                      {"loss", summary.loss},
-                                                      {"train_seconds", summary.seconds},
-                                                      {"samples_per_second", summary.samples_per_second},
-                                                      {"batch_size", options_.batch_size},
-                                                      {"seed", options_.seed},
-                                                      {"checkpoints", summary.checkpoints},
-                                                      {"checkpoint_hold_seconds", summary.checkpoint_hold_seconds},
-                                                      {"checkpoint_write_seconds", summary.checkpoint_write_seconds},
-                                                      {"weights_sha256", summary.weights_sha256}});
+    nlohmann::json json = {{"steps", summary.steps},
+                           {"finished", summary.finished},
+                           {"resumed_from", summary.resumed_from},
+                           {"loss", summary.loss},
+                           {"train_seconds", summary.seconds},
+                           {"samples_per_second", summary.samples_per_second},
+                           {"batch_size", options_.batch_size},
+                           {"seed", options_.seed},
+                           {"checkpoints", summary.checkpoints},
+                           {"checkpoint_hold_seconds", summary.checkpoint_hold_seconds},
+                           {"checkpoint_write_seconds", summary.checkpoint_write_seconds},
+                           {"weights_sha256", summary.weights_sha256}};
+    add_micro_batch(json, summary);
+    write_json_file((out / "summary.json").string(), json);
   }
   return summary;
+}
+
+parallel::StepResult Trainer::step_layout(const TensorBatch& samples, const parallel::StepContext& context,
+                                          TrainSummary& summary, ProgressBar& progress) {
+  for (;;) {
+    try {
+      return layout_.step(samples, context);
+    } catch (const OutOfMemoryError& e) {
+      if (!options_.halve_micro_batch_on_out_of_memory) throw;
+      const int64_t from = layout_.micro_batch();
+      const std::string refused =
+          from > 1 ? layout_.set_micro_batch(from / 2, samples.size()) : "the micro-batch holds one sample already";
+      if (!refused.empty()) throw OutOfMemoryError(std::string(e.what()) + "; no smaller micro-batch: " + refused);
+      const MicroBatchChange change{
+          .step = static_cast<int64_t>(context.step) + 1, .from = from, .to = from / 2, .error = e.what()};
+      summary.micro_batch_changes.push_back(change);
+      if (on_micro_batch_change) {
+        on_micro_batch_change(change);
+      } else if (options_.leader) {
+        progress.finish();
+        std::fprintf(stderr,
+                     "step %lld ran out of memory with micro-batch %lld (%s); taking it again with micro-batch %lld, "
+                     "the global batch unchanged. The micro-batch is part of the result: this run's is %lld from "
+                     "step %lld on\n",
+                     static_cast<long long>(change.step), static_cast<long long>(from), e.what(),
+                     static_cast<long long>(change.to), static_cast<long long>(change.to),
+                     static_cast<long long>(change.step));
+      }
+    }
+  }
 }
 
 void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& summary, bool last) {
@@ -274,6 +313,7 @@ void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& s
     metadata["sample"] = std::to_string(position.sample);
     metadata["seed"] = std::to_string(options_.seed);
     metadata["batch_size"] = std::to_string(options_.batch_size);
+    if (layout_.micro_batch() > 0) metadata["micro_batch"] = std::to_string(layout_.micro_batch());
     writer_->write(step, tensors, std::move(metadata));
     saved_step_ = step;
   }
@@ -283,6 +323,14 @@ void Trainer::save(int64_t step, const LoaderPosition& position, TrainSummary& s
 nn::Module& Trainer::trained_model() const {
   LOCKSTEP_CHECK(trained_ != nullptr) << "Trainer::trained_model: fit() has not run";
   return *trained_;
+}
+
+void add_micro_batch(nlohmann::json& json, const TrainSummary& summary) {
+  if (summary.micro_batch > 0) json["micro_batch"] = summary.micro_batch;
+  nlohmann::json changes = nlohmann::json::array();
+  for (const MicroBatchChange& change : summary.micro_batch_changes)
+    changes.push_back({{"step", change.step}, {"from", change.from}, {"to", change.to}, {"error", change.error}});
+  json["micro_batch_changes"] = changes;
 }
 
 double evaluate_loss(nn::Module& model, const Dataset& data, const parallel::LossFunction& loss, int64_t batch) {

@@ -14,9 +14,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "lockstep/data/dataloader.h"
 #include "lockstep/io/safetensors.h"
+#include "lockstep/obs/progress.h"
 #include "lockstep/parallel/layout.h"
 #include "lockstep/train/checkpoint_folder.h"
 #include "lockstep/train/checkpoint_writer.h"
@@ -57,10 +59,25 @@ struct TrainerOptions {
   bool write_summary = true;  // summary.json (a program writing a fuller one turns it off)
   int64_t log_every = 10;     // steps between metrics lines
   bool progress = true;       // the progress bar on stderr
+  // A step that runs out of device memory (OutOfMemoryError) is taken again with half the
+  // micro-batch, the global batch unchanged, for as long as the layout accepts one
+  // (parallel/layout.h: DataParallel does; layouts across processes do not, and the run
+  // fails with the error). The micro-batch is part of the result, so each change is
+  // printed, kept in the summary and in later checkpoints, which resume with it. Off: the
+  // error ends the run.
+  bool halve_micro_batch_on_out_of_memory = false;
   // Whether this process writes files and draws progress: under one process per device,
   // rank 0 only (the sharded state is assembled on process 0 for it). Every process runs
   // every step and collective either way.
   bool leader = true;
+};
+
+// A step taken again with a smaller micro-batch (halve_micro_batch_on_out_of_memory).
+struct MicroBatchChange {
+  int64_t step = 0;  // the step, numbered from 1, that ran out of memory
+  int64_t from = 0;
+  int64_t to = 0;
+  std::string error;  // what ran out
 };
 
 struct TrainSummary {
@@ -82,6 +99,8 @@ struct TrainSummary {
   int64_t checkpoints = 0;
   double checkpoint_hold_seconds = 0;
   double checkpoint_write_seconds = 0;
+  std::vector<MicroBatchChange> micro_batch_changes;  // in this run, in order
+  int64_t micro_batch = 0;                            // the layout's at the end (0: it does not say)
 };
 
 class Trainer {
@@ -101,6 +120,9 @@ class Trainer {
   std::function<void(int64_t step, const Batch& batch, const parallel::StepResult& result)> on_step;
   // With each metrics.jsonl line before it is written, to add fields:
   std::function<void(nlohmann::json& line, const parallel::StepResult& result)> on_metrics;
+  // When a step is taken again with a smaller micro-batch (the leader prints a line on
+  // stderr without one):
+  std::function<void(const MicroBatchChange& change)> on_micro_batch_change;
   // After the last step, before the checkpoint is assembled and written:
   std::function<void()> on_trained;
 
@@ -109,6 +131,10 @@ class Trainer {
  private:
   // Assembles the state (collective), and on the leader hands a copy of it to the writer.
   TrainSummary run_fit();
+  // layout_.step, taken again with half the micro-batch while it runs out of memory and
+  // the options and the layout allow.
+  parallel::StepResult step_layout(const TensorBatch& samples, const parallel::StepContext& context,
+                                   TrainSummary& summary, ProgressBar& progress);
   // A checkpoint at `step`; the last one (the end's, or a stop's) also assembles the model
   // trained_model() gives on every rank.
   void save(int64_t step, const LoaderPosition& position, TrainSummary& summary, bool last);
@@ -120,6 +146,10 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> writer_;  // the leader's, with out_dir
   int64_t saved_step_ = -1;                   // of the last checkpoint handed to it
 };
+
+// summary.json's "micro_batch" (where the layout says it) and "micro_batch_changes" (each
+// {step, from, to, error}), for a program that writes its own summary.
+void add_micro_batch(nlohmann::json& json, const TrainSummary& summary);
 
 // The mean of a per-sample loss (parallel/loss_function.h) over a dataset, in eval mode and
 // without gradients, `batch` samples at a time on the model's device.

@@ -176,6 +176,18 @@ ReplicaFactory replica_factory(const TrainPlan& plan, const TrainTask& task) {
   };
 }
 
+// trainer.fit(), its out-of-memory error told which flags help.
+train::TrainSummary fit(train::Trainer& trainer, const TrainOptions& settings) {
+  try {
+    return trainer.fit();
+  } catch (const OutOfMemoryError& e) {
+    if (settings.micro_batch_auto) throw;  // it halved what it could
+    throw OutOfMemoryError(std::string(e.what()) + "; --micro-batch " + std::to_string(settings.micro_batch) +
+                           " is too large for this device: give a smaller one, or --micro-batch auto, which halves "
+                           "it when a step runs out of memory");
+  }
+}
+
 // Runs the plan: builds its layout, trains it with the Trainer, and reports. Every process
 // of a launched job runs it; the leader writes the files and prints.
 int run_training(const TrainPlan& plan) {
@@ -214,6 +226,7 @@ int run_training(const TrainPlan& plan) {
                           .write_summary = false,
                           .log_every = settings.log_every,
                           .progress = !quiet,
+                          .halve_micro_batch_on_out_of_memory = settings.micro_batch_auto,
                           .leader = plan.leader});
 
   const std::vector<std::string> device_names = strategy->all_devices();
@@ -250,7 +263,7 @@ int run_training(const TrainPlan& plan) {
     for (size_t d = 0; d < allocators.size(); ++d)
       local_totals.push_back({report.totals().at(d), memory_stats(allocators[d]).peak_allocated_bytes});
   };
-  const train::TrainSummary trained = trainer.fit();
+  const train::TrainSummary trained = fit(trainer, settings);
 
   const std::vector<DeviceTotals> totals = strategy->gather(local_totals);
   if (plan.leader && !quiet) {
@@ -287,7 +300,6 @@ int run_training(const TrainPlan& plan) {
       {"threads_per_device", plan.threads_per_device},
       {"seed", settings.seed},
       {"batch_size", settings.batch_size},
-      {"micro_batch", settings.micro_batch},
       {"accumulation_steps", plan.accumulation},
       {"optimizer", settings.optimizer},
       {"lr", settings.lr},
@@ -312,6 +324,7 @@ int run_training(const TrainPlan& plan) {
       {"checkpoint_write_seconds", trained.checkpoint_write_seconds},
       {"weights_sha256", trained.weights_sha256},
   };
+  train::add_micro_batch(summary, trained);
   if (task.language_model) {
     summary["gpt"] = {{"layers", task.gpt.layers},
                       {"heads", task.gpt.heads},
@@ -427,6 +440,7 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("trace", &options.trace_file, "write each device's steps as a Chrome trace (opens in Perfetto)");
   flags.add_switch("quiet", &options.quiet, "no progress display");
   if (!flags.parse(args)) return 0;
+  options.micro_batch_auto = auto_micro_batch;
   const TrainEnvironment environment = environment_of(options);
   // auto: plan with the default first, for the layout; a checkpoint's micro-batch stays.
   const auto given = [&](const std::string& flag) {

@@ -19,9 +19,11 @@ struct TrainOptions {
   int64_t sample_bytes = 200;
   double temperature = 0.8;
   int64_t epochs = 1;
-  int64_t steps = -1;             // -1: epochs × batches per epoch; 0: evaluate only
-  int64_t batch_size = 32;        // the global batch: every device's samples of one step
-  int64_t micro_batch = -1;       // -1: default_micro_batch(batch_size)
+  int64_t steps = -1;        // -1: epochs × batches per epoch; 0: evaluate only
+  int64_t batch_size = 32;   // the global batch: every device's samples of one step
+  int64_t micro_batch = -1;  // -1: default_micro_batch(batch_size)
+  // --micro-batch auto: micro_batch is the plan's pick, halved when a step runs out of memory.
+  bool micro_batch_auto = false;
   std::string precision = "f32";  // f32, or on GPUs bf16 / f16 matrix products (f16 with a loss scale)
   std::string devices_flag;       // --devices as given: a count, cpu, cuda or a list (train_devices.h)
   int64_t devices = 0;            // 0: every local device (each GPU, else one CPU device per core); ddp: the world size

@@ -94,7 +94,6 @@ Metadata train_recipe(const TrainOptions& options) {
       {"lr_schedule", options.lr_schedule},
       {"epochs", std::to_string(options.epochs)},
       {"steps", std::to_string(options.steps)},
-      {"micro_batch", std::to_string(options.micro_batch)},
       {"precision", options.precision},
       {"grad_dtype", options.grad_dtype},
       {"sync_every", std::to_string(options.sync_every)},
@@ -128,8 +127,9 @@ void apply_checkpoint_settings(const Metadata& checkpoint, const std::string& pa
   recipe.number("steps", "steps", options.steps);
   recipe.number("seed", "seed", options.seed);
   recipe.number("batch-size", "batch_size", options.batch_size);
-  // The micro-batch shapes the step's tree, so the run resumes with the one it had; the
-  // device count is free.
+  // The micro-batch shapes the step's tree, so the run resumes with the one it had (the
+  // Trainer keeps it: a step that ran out of memory may have halved it); the device count
+  // is free.
   recipe.number("micro-batch", "micro_batch", options.micro_batch);
   recipe.text("precision", "precision", options.precision);
   // bf16 gradients, local SGD and PowerSGD shape the step: part of the recipe. Checkpoints

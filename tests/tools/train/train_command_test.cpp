@@ -240,6 +240,22 @@ TEST_F(TrainCommand, MicroBatchAutoPicksTheShareOnCpuDevices) {
   EXPECT_NE(bad.output.find("--micro-batch expects an integer or auto, got 'many'"), std::string::npos) << bad.output;
 }
 
+// LOCKSTEP_CPU_DEVICE_MEMORY gives CPU devices a GPU's fixed memory: --micro-batch auto plans
+// for it (and still trains), and a value that is not a size is named.
+TEST_F(TrainCommand, CpuDevicesGivenAGpusMemory) {
+  const auto with_memory = [&](const std::string& size, const std::string& flags) {
+    return run_shell("CUDA_VISIBLE_DEVICES= LOCKSTEP_CPU_DEVICE_MEMORY=" + size + " " + kBinary + " " + base() +
+                     " --steps 2 --devices 2 " + flags);
+  };
+  const Result planned = with_memory("64M", "--micro-batch auto --out " + (root_ / "auto").string());
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  EXPECT_NE(planned.output.find("of the 64.0 MiB of each device"), std::string::npos) << planned.output;
+  EXPECT_EQ(summary(root_ / "auto")["micro_batch_changes"], nlohmann::json::array());
+  const Result bad = with_memory("lots", "--micro-batch 16");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("LOCKSTEP_CPU_DEVICE_MEMORY='lots' is not a size"), std::string::npos) << bad.output;
+}
+
 // A rank killed mid-run (kill -9) ends the job: the survivor stops with an error that
 // names the dead rank, well before the collective timeout, and leaves nothing in /dev/shm.
 TEST_F(TrainCommand, AKilledRankEndsTheJobNamingIt) {

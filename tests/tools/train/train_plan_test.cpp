@@ -206,6 +206,7 @@ TEST(TrainPlan, ACheckpointFixesItsSettingsAndRefusesOthers) {
   Metadata checkpoint = train_recipe(first);
   checkpoint["seed"] = "7";  // the Trainer's own keys
   checkpoint["batch_size"] = "64";
+  checkpoint["micro_batch"] = "16";
   TrainEnvironment environment = host(2);
   environment.checkpoint_path = "runs/a/checkpoint.safetensors";
   environment.checkpoint = checkpoint;
@@ -321,6 +322,7 @@ TEST(TrainPlan, AModelLargerThanTheHostsMemoryIsRefused) {
   Metadata checkpoint = train_recipe(plan({.flags = small, .given = {"model"}}, environment).settings);
   checkpoint["seed"] = "0";
   checkpoint["batch_size"] = "64";
+  checkpoint["micro_batch"] = "8";
   checkpoint["layers"] = "1000000000";
   environment.checkpoint_path = "runs/a/checkpoint.safetensors";
   environment.checkpoint = checkpoint;
