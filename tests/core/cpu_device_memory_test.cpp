@@ -13,7 +13,7 @@ namespace {
 
 constexpr int64_t kMiB = 1 << 20;
 
-class Limited : public ::testing::Test {
+class CpuDeviceMemoryLimit : public ::testing::Test {
  protected:
   void SetUp() override {
     empty_cache(device);
@@ -25,7 +25,7 @@ class Limited : public ::testing::Test {
 
 Tensor floats(int64_t count, Device device) { return Tensor::empty({count}, DType::f32, device); }
 
-TEST_F(Limited, AnAllocationPastTheLimitFailsAndNamesIt) {
+TEST_F(CpuDeviceMemoryLimit, AnAllocationPastTheLimitFailsAndNamesIt) {
   EXPECT_EQ(cpu_device_memory_limit(), kMiB);
   Tensor first = floats(150'000, device);  // 600 kB
   try {
@@ -41,14 +41,14 @@ TEST_F(Limited, AnAllocationPastTheLimitFailsAndNamesIt) {
   EXPECT_NO_THROW((void)floats(150'000, device)) << "the freed block is reused";
 }
 
-TEST_F(Limited, CachedBlocksGoBackBeforeItFails) {
+TEST_F(CpuDeviceMemoryLimit, CachedBlocksGoBackBeforeItFails) {
   (void)floats(150'000, device);  // freed at once, kept in the cache
   EXPECT_GT(memory_stats(device).reserved_bytes, 500'000);
   const Tensor other = floats(200'000, device);  // another size: only with the cache emptied
   EXPECT_LE(memory_stats(device).reserved_bytes, kMiB);
 }
 
-TEST_F(Limited, OtherDevicesHaveTheirOwn) {
+TEST_F(CpuDeviceMemoryLimit, OtherDevicesHaveTheirOwn) {
   const Tensor here = floats(200'000, device);
   EXPECT_NO_THROW((void)floats(200'000, Device::cpu(2)));
 }
