@@ -77,7 +77,8 @@ TensorBatch batch_of(const TensorDataset& set, int64_t step) { return set.range(
 
 struct MeasuredRun {
   std::string weights;
-  int64_t peak = 0;  // the largest device's, in bytes
+  int64_t peak = 0;                 // the largest device's, in bytes
+  std::vector<int64_t> peaks = {};  // each device's
 };
 
 // Two steps at `micro_batch`, no limit.
@@ -87,7 +88,10 @@ MeasuredRun measured(const TensorDataset& set, int64_t micro_batch) {
   for (int d = 0; d < kDevices; ++d) reset_peak_memory_stats(Device::cpu(d));
   for (int64_t s = 0; s < 2; ++s) dp->step(batch_of(set, s), context_of(s));
   MeasuredRun run{.weights = weights_sha256(dp->model())};
-  for (int d = 0; d < kDevices; ++d) run.peak = std::max(run.peak, memory_stats(Device::cpu(d)).peak_allocated_bytes);
+  for (int d = 0; d < kDevices; ++d) {
+    run.peaks.push_back(memory_stats(Device::cpu(d)).peak_allocated_bytes);
+    run.peak = std::max(run.peak, run.peaks.back());
+  }
   return run;
 }
 
@@ -109,6 +113,37 @@ TEST(MicroBatchHalving, AStepThatRunsOutChangesNothingAndRunsAtHalf) {
     EXPECT_EQ(weights_sha256(dp->model()), initial) << "the failed step changed the weights";
     EXPECT_EQ(dp->set_micro_batch(kSmall, kBatch), "");
     EXPECT_EQ(dp->micro_batch(), kSmall);
+    for (int64_t s = 0; s < 2; ++s) dp->step(batch_of(*set, s), context_of(s));
+  }
+  EXPECT_EQ(weights_sha256(dp->model()), small.weights);
+}
+
+// Only device 0 runs out (it carries ballast), while device 1 finishes its backward and
+// waits for it at the barrier: that wait ends with the group's abort, so the layout must
+// make a fresh group for the next step, and the first error (device 0's) must be the one
+// that comes out, or no loop would know to retry.
+TEST(MicroBatchHalving, OneDeviceRunsOutWhileTheOtherWaits) {
+  const auto set = data();
+  const MeasuredRun small = measured(*set, kSmall), large = measured(*set, kLarge);
+  const int64_t activations = large.peaks[1] - small.peaks[1];
+  ASSERT_GT(activations, 0);
+  // Device 1 fits micro-batch 128 with room to spare; device 0, with the ballast, fits only 64.
+  const int64_t limit = large.peaks[1] + activations / 4;
+  const int64_t ballast = limit - (small.peaks[0] + large.peaks[0]) / 2;
+  ASSERT_GT(ballast, 0);
+  const auto dp = layout(kLarge);
+  const std::string initial = weights_sha256(dp->model());
+  {
+    const MemoryLimit memory(limit);
+    const Tensor held = Tensor::empty({ballast / 4}, DType::f32, Device::cpu(0));
+    try {
+      dp->step(batch_of(*set, 0), context_of(0));
+      ADD_FAILURE() << "device 0 did not run out";
+    } catch (const OutOfMemoryError& e) {
+      EXPECT_NE(std::string(e.what()).find("cpu:0"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(weights_sha256(dp->model()), initial) << "the failed step changed the weights";
+    EXPECT_EQ(dp->set_micro_batch(kSmall, kBatch), "");
     for (int64_t s = 0; s < 2; ++s) dp->step(batch_of(*set, s), context_of(s));
   }
   EXPECT_EQ(weights_sha256(dp->model()), small.weights);

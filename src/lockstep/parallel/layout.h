@@ -43,7 +43,8 @@ class Layout {
   }
 
   // The whole model as one device holds it (device 0's replica; this rank's under ddp):
-  // what is saved and evaluated.
+  // what is saved and evaluated. Collective where the parameters are sharded (ZeRO-3
+  // gathers them on every rank, and they stay gathered until the next step).
   virtual nn::Module& model() = 0;
   // The same on process `root`; elsewhere nullptr where the layout would have to assemble
   // the model (a mesh's shards are sent to root alone), so no other rank holds a full copy:
