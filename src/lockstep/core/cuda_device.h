@@ -25,7 +25,8 @@ int devices_per_gpu();
 // Why there is no CUDA device ("" when there is one): no backend in this build, or the CUDA
 // error that counting the GPUs gave, named and explained ("cudaErrorInsufficientDriver: CUDA
 // driver version is insufficient for CUDA runtime version" when the driver is older than
-// the runtime), so "no GPU" is never silent.
+// the runtime), with the driver's and the runtime's CUDA versions and what to do
+// (cuda_versions.h), so "no GPU" is never silent.
 std::string unavailable_reason();
 // LOCKSTEP_REQUIRE_CUDA=1: a machine where CUDA must work (a GPU check), so a test that
 // would skip for want of a CUDA device fails instead.

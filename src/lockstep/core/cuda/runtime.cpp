@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core/cuda_versions.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep::cuda {
@@ -54,6 +55,11 @@ const GpuCount& gpu_count() {
       c.error = "the CUDA runtime sees no GPU";
     }
     if (!c.error.empty()) {
+      int driver = 0, runtime = 0;
+      cudaDriverGetVersion(&driver);  // 0 when no driver is loaded, which is what it says
+      cudaRuntimeGetVersion(&runtime);
+      cudaGetLastError();
+      c.error += "; " + explain_cuda_versions(driver, runtime);
       if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
         c.error += std::string(" (CUDA_VISIBLE_DEVICES='") + visible + "')";
       }
