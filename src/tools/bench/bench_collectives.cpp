@@ -1,8 +1,10 @@
 // `lockstep bench collectives`: nccl-tests' table for Lockstep's communicators (size,
 // count, type, redop, time, algbw, busbw, #wrong) plus eta, the share of the memory
-// bandwidth bound an all-reduce reaches, and with --compare mpi, MPI's own collectives on
-// the same sizes in the same run. Ranks are threads (--backend local) or processes started
-// with mpirun (--backend shm or mpi; or launched by the user, e.g. with torchrun).
+// bandwidth bound an all-reduce reaches, and a reference in the same run: with --compare
+// mpi MPI's own collectives, with --compare nccl NCCL's own reductions beside the tree
+// order (the price of the same bits on any GPU count). Ranks are threads (--backend local;
+// --backend nccl, one per GPU as nccl-tests' -g) or processes started with mpirun
+// (--backend shm or mpi), or launched by the user (e.g. with torchrun, nccl included).
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -20,11 +23,18 @@
 #include "lockstep/comm/init.h"
 #include "lockstep/comm/launch_env.h"
 #include "lockstep/comm/local_communicator.h"
+#include "lockstep/comm/store.h"
+#include "lockstep/core/cuda_device.h"
 #include "lockstep/core/device.h"
+#include "tools/bench/collective_rows.h"
 #include "tools/bench/collective_timing.h"
 #include "tools/common/byte_size.h"
 #include "tools/common/commands.h"
 #include "tools/common/flags.h"
+
+#if LOCKSTEP_HAVE_NCCL
+#include "lockstep/comm/cuda/nccl_communicator.h"
+#endif
 
 extern char** environ;
 
@@ -48,13 +58,6 @@ struct Options {
   std::string update_bytes = "64M";
   bool mpi_reference_only = false;  // internal: the MPI half of a local run's comparison
   std::string route;                // how the backend's all-reduce goes, where it layers hosts
-};
-
-struct Row {
-  Collective what = Collective::all_reduce;
-  int64_t bytes = 0;
-  Timing ours;
-  double mpi_seconds = 0;  // 0: not compared
 };
 
 // A size flag (tools/common/byte_size.h: 4096, 4K, 256M, 1GiB): more than 0 where `positive`.
@@ -110,90 +113,48 @@ TimingSettings settings_of(const Options& o) {
   return s;
 }
 
-// Every rank runs this; rank 0's rows come back. comm null: MPI's collectives alone (the
-// MPI half of a local run's comparison), with no B_update.
-std::vector<Row> measure(comm::Communicator* comm, const Options& o, int ranks, bool with_mpi, double* update_bw) {
+// Every rank runs this, its buffers on `device`; rank 0's rows come back. comm null: MPI's
+// collectives alone (the MPI half of a local run's comparison), with no B_update. B_update
+// is host memory's bound, so GPUs have none.
+std::vector<Row> measure(comm::Communicator* comm, const Options& o, int ranks, bool with_mpi, double* update_bw,
+                         Device device = Device::cpu()) {
   const TimingSettings settings = settings_of(o);
-  *update_bw = comm ? update_bandwidth(*comm, parse_bytes(o.update_bytes, "update-bytes", true), settings) : 0;
+  *update_bw = comm && device.is_cpu()
+                   ? update_bandwidth(*comm, parse_bytes(o.update_bytes, "update-bytes", true), settings)
+                   : 0;
   std::vector<Row> rows;
   for (Collective what : collectives_of(o.collective)) {
     for (int64_t bytes : sizes_of(o, ranks)) {
       Row row;
       row.what = what;
       row.bytes = bytes;
-      if (comm) row.ours = time_collective(*comm, what, bytes, settings);
-      if (with_mpi) row.mpi_seconds = time_mpi_collective(what, bytes, settings);
+      if (comm) row.ours = time_collective(*comm, what, bytes, settings, device);
+      if (with_mpi) row.reference_seconds = time_mpi_collective(what, bytes, settings);
       rows.push_back(row);
     }
   }
   return rows;
 }
 
-nlohmann::json row_json(const Row& row, const Options& o, int ranks, double update_bw) {
-  const DType dtype = parse_dtype(o.datatype);
-  nlohmann::json j;
-  j["collective"] = collective_label(row.what);
-  j["backend"] = o.backend;
-  if (!o.route.empty()) j["route"] = o.route;
-  j["ranks"] = ranks;
-  j["size"] = row.bytes;
-  j["count"] = row.bytes / static_cast<int64_t>(dtype_size(dtype));
-  j["type"] = dtype_name(dtype);
-  j["redop"] = o.op;
-  if (row.ours.seconds > 0) {
-    const double algbw = static_cast<double>(row.bytes) / row.ours.seconds / 1e9;
-    j["time_us"] = row.ours.seconds * 1e6;
-    j["algbw"] = algbw;
-    j["busbw"] = algbw * bus_factor(row.what, ranks);
-    j["wrong"] = row.ours.wrong;
-    // eta: all_reduce moves N·S bytes in and N·S out, as an in-place update of N·S does.
-    if (row.what == Collective::all_reduce && update_bw > 0) {
-      j["eta"] = static_cast<double>(row.bytes) * ranks / row.ours.seconds / update_bw;
-    }
-  }
-  if (row.mpi_seconds > 0) {
-    j["mpi_time_us"] = row.mpi_seconds * 1e6;
-    j["mpi_busbw"] = static_cast<double>(row.bytes) / row.mpi_seconds / 1e9 * bus_factor(row.what, ranks);
-    if (row.ours.seconds > 0) j["speedup"] = row.mpi_seconds / row.ours.seconds;
-  }
-  return j;
+RowSettings row_settings(const Options& o, int ranks, double update_bw) {
+  return RowSettings{.backend = o.backend,
+                     .route = o.route,
+                     .ranks = ranks,
+                     .dtype = parse_dtype(o.datatype),
+                     .op = o.op,
+                     .iters = o.iters,
+                     .warmup = o.warmup,
+                     .reference = o.compare,
+                     .update_bandwidth = update_bw};
 }
 
 void print_rows(const std::vector<Row>& rows, const Options& o, int ranks, double update_bw) {
+  const RowSettings settings = row_settings(o, ranks, update_bw);
   if (o.json) {
-    for (const Row& row : rows) std::printf("%s\n", row_json(row, o, ranks, update_bw).dump().c_str());
-    std::fflush(stdout);
-    return;
+    for (const Row& row : rows) std::printf("%s\n", row_json(row, settings).dump().c_str());
+  } else {
+    std::fputs(rows_table(rows, settings).c_str(), stdout);
   }
-  const bool mpi = !o.compare.empty();
-  const std::string route = o.route.empty() ? "" : " (" + o.route + ")";
-  std::printf("# lockstep bench collectives: backend %s%s, %d ranks, %s %s, %lld iterations after %lld warm-up\n",
-              o.backend.c_str(), route.c_str(), ranks, o.datatype.c_str(), o.op.c_str(),
-              static_cast<long long>(o.iters), static_cast<long long>(o.warmup));
-  std::printf("# B_update (in-place update bandwidth of the same %d ranks, for eta): %.2f GB/s\n#\n", ranks,
-              update_bw / 1e9);
-  std::printf("# %-14s %12s %11s %5s %5s %10s %8s %8s %7s %6s", "collective", "size", "count", "type", "redop",
-              "time(us)", "algbw", "busbw", "#wrong", "eta");
-  if (mpi) std::printf(" %12s %10s %8s", "mpi time(us)", "mpi busbw", "speedup");
-  std::printf("\n");
-  for (const Row& row : rows) {
-    const nlohmann::json j = row_json(row, o, ranks, update_bw);
-    const std::string wrong = row.ours.wrong < 0 ? "-" : std::to_string(row.ours.wrong);
-    char eta[16] = "-";
-    if (j.contains("eta")) std::snprintf(eta, sizeof(eta), "%.2f", j["eta"].get<double>());
-    std::printf("  %-14s %12lld %11lld %5s %5s %10.1f %8.2f %8.2f %7s %6s", collective_label(row.what),
-                static_cast<long long>(row.bytes), static_cast<long long>(j["count"].get<int64_t>()),
-                o.datatype.c_str(), o.op.c_str(), j.value("time_us", 0.0), j.value("algbw", 0.0), j.value("busbw", 0.0),
-                wrong.c_str(), eta);
-    if (mpi) {
-      std::printf(" %12.1f %10.2f %7.2fx", j.value("mpi_time_us", 0.0), j.value("mpi_busbw", 0.0),
-                  j.value("speedup", 0.0));
-    }
-    std::printf("\n");
-  }
-  std::printf(
-      "# algbw = size / time; busbw = algbw x 2(N-1)/N (all_reduce), (N-1)/N (reduce_scatter, "
-      "all_gather), 1 (broadcast); GB/s = 1e9 bytes/s\n");
   std::fflush(stdout);
 }
 
@@ -265,10 +226,73 @@ std::vector<Row> mpi_reference_rows(int ranks, const std::vector<std::string>& a
     Row row;
     row.what = parse_collective(j["collective"]);
     row.bytes = j["size"];
-    row.mpi_seconds = j["mpi_time_us"].get<double>() / 1e6;
+    row.reference_seconds = j["mpi_time_us"].get<double>() / 1e6;
     rows.push_back(row);
   }
   return rows;
+}
+
+// Runs body(r) on one thread per rank and rethrows the first rank's error, if any.
+void run_rank_threads(int ranks, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+// ---- nccl: one thread per GPU, as nccl-tests' -g ----
+
+// Ranks for --backend nccl in one process: -g, else every visible GPU.
+int nccl_ranks(const Options& o) {
+  const int gpus = cuda::device_count();
+  LOCKSTEP_CHECK(gpus > 0) << "--backend nccl needs GPUs, and this process sees none: " << cuda::unavailable_reason();
+  LOCKSTEP_CHECK(cuda::devices_per_gpu() == 1)
+      << "--backend nccl runs one rank per GPU (NCCL allows no more), but LOCKSTEP_CUDA_DEVICES_PER_GPU="
+      << cuda::devices_per_gpu() << " splits each GPU into logical devices: unset it";
+  LOCKSTEP_CHECK(o.ranks <= gpus) << "-g " << o.ranks << " asks for more ranks than the " << gpus
+                                  << " GPUs this process sees (one rank per GPU)";
+  return o.ranks > 0 ? static_cast<int>(o.ranks) : gpus;
+}
+
+// Rank r on cuda:r, reductions in the tree order; with --compare nccl the same sizes again
+// on a second communicator with NCCL's own reductions.
+std::vector<Row> nccl_rows(const Options& o, int ranks) {
+#if LOCKSTEP_HAVE_NCCL
+  auto store = std::make_shared<comm::MemoryStore>();
+  std::vector<Row> rows;
+  run_rank_threads(ranks, [&](int r) {
+    const Device device(DeviceType::cuda, r);
+    double no_update_bw = 0;
+    auto tree = comm::NcclCommunicator::create(store, "bench/tree", r, ranks, r, comm::default_timeout(), true);
+    std::vector<Row> mine = measure(tree.get(), o, ranks, false, &no_update_bw, device);
+    if (o.compare == "nccl") {
+      auto own = comm::NcclCommunicator::create(store, "bench/nccl", r, ranks, r, comm::default_timeout(), false);
+      const std::vector<Row> reference = measure(own.get(), o, ranks, false, &no_update_bw, device);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        mine[i].reference_seconds = reference[i].ours.seconds;
+        mine[i].reference_wrong = reference[i].ours.wrong;
+      }
+    }
+    if (r == 0) rows = std::move(mine);
+  });
+  return rows;
+#else
+  (void)o;
+  (void)ranks;
+  LOCKSTEP_FAIL() << "this build has no nccl backend (nvcc or NCCL was not found when it was configured)";
+  return {};
+#endif
 }
 
 }  // namespace
@@ -287,18 +311,29 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   flags.add("collective", &o.collective, "all_reduce, reduce_scatter, all_gather, broadcast, a list, or all");
   flags.add("datatype", &o.datatype, "element type (-d): f32, f64, bf16, f16, i32, i64");
   flags.add("op", &o.op, "reduction (-o): sum, avg, max, min, rounded_sum");
-  flags.add("backend", &o.backend, "local (threads), shm (processes of this host) or mpi");
-  flags.add("ranks", &o.ranks, "number of ranks (-g; default: the host's cores)");
-  flags.add("compare", &o.compare, "mpi: also time MPI's collectives on the same sizes");
+  flags.add("backend", &o.backend, "local (threads), shm (processes of this host), mpi, or nccl (a thread per GPU)");
+  flags.add("ranks", &o.ranks, "number of ranks (-g; default: the host's cores, under nccl its GPUs)");
+  flags.add("compare", &o.compare,
+            "mpi: also time MPI's collectives on the same sizes; nccl (with --backend nccl): NCCL's own reductions");
   flags.add("update-bytes", &o.update_bytes, "buffer per rank for the B_update measurement");
   flags.add_switch("json", &o.json, "one JSON object per row instead of the table");
   flags.add_switch("mpi-reference-only", &o.mpi_reference_only, "(internal) time MPI alone, inside mpirun");
   if (!flags.parse(args)) return 0;
-  if (o.backend != "local" && o.backend != "shm" && o.backend != "mpi") {
-    throw UsageError("--backend must be local, shm or mpi, got '" + o.backend + "'");
+  if (o.backend != "local" && o.backend != "shm" && o.backend != "mpi" && o.backend != "nccl") {
+    throw UsageError("--backend must be local, shm, mpi or nccl, got '" + o.backend + "'");
   }
-  if (!o.compare.empty() && o.compare != "mpi") throw UsageError("--compare takes 'mpi', got '" + o.compare + "'");
-  if ((!o.compare.empty() || o.backend == "mpi") && !mpi_compiled_in()) {
+  if (!o.compare.empty() && o.compare != "mpi" && o.compare != "nccl") {
+    throw UsageError("--compare takes 'mpi' or 'nccl', got '" + o.compare + "'");
+  }
+  if (o.compare == "nccl" && (o.backend != "nccl" || inside_launched_job())) {
+    throw UsageError(
+        "--compare nccl sets NCCL's own reductions beside the tree order: use it with --backend nccl in one process "
+        "(without a launcher)");
+  }
+  if (o.compare == "mpi" && o.backend == "nccl") {
+    throw UsageError("--compare mpi times MPI on host buffers: compare --backend nccl with --compare nccl");
+  }
+  if ((o.compare == "mpi" || o.backend == "mpi") && !mpi_compiled_in()) {
     throw UsageError("this build has no MPI: install libopenmpi-dev (scripts/install-deps) and rebuild");
   }
   if (o.iters < 1) throw UsageError("-n (--iters) must be at least 1, got " + std::to_string(o.iters));
@@ -329,35 +364,31 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
     return 0;
   }
 
+  if (o.backend == "nccl" && !inside_launched_job()) {
+    const int gpus = nccl_ranks(o);
+    sizes_of(o, gpus);
+    o.route = "reductions in the tree order";
+    print_rows(nccl_rows(o, gpus), o, gpus, 0);
+    return 0;
+  }
+
   if (o.backend == "local") {
     std::vector<std::shared_ptr<comm::Communicator>> comms = comm::LocalCommunicator::create_group(ranks);
     std::vector<Row> rows;
     double update_bw = 0;
-    std::vector<std::thread> threads;
-    std::vector<std::exception_ptr> errors(ranks);
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          double bw = 0;
-          std::vector<Row> mine = measure(comms[r].get(), o, ranks, false, &bw);
-          if (r == 0) {
-            rows = std::move(mine);
-            update_bw = bw;
-          }
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const std::exception_ptr& error : errors) {
-      if (error) std::rethrow_exception(error);
-    }
+    run_rank_threads(ranks, [&](int r) {
+      double bw = 0;
+      std::vector<Row> mine = measure(comms[static_cast<size_t>(r)].get(), o, ranks, false, &bw);
+      if (r == 0) {
+        rows = std::move(mine);
+        update_bw = bw;
+      }
+    });
     if (!o.compare.empty()) {
       const std::vector<Row> reference = mpi_reference_rows(ranks, raw_args);
       for (Row& row : rows) {
         for (const Row& ref : reference) {
-          if (ref.what == row.what && ref.bytes == row.bytes) row.mpi_seconds = ref.mpi_seconds;
+          if (ref.what == row.what && ref.bytes == row.bytes) row.reference_seconds = ref.reference_seconds;
         }
       }
     }
@@ -372,8 +403,11 @@ int bench_collectives_main(const std::vector<std::string>& raw_args) {
   }
   std::shared_ptr<comm::Communicator> comm = comm::init_process_group(o.backend);
   if (!comm->route().empty()) o.route = "all_reduce over " + comm->route();
+  // Under nccl each process drives the GPU of its local rank.
+  const Device device =
+      o.backend == "nccl" ? Device(DeviceType::cuda, comm::launch_info_from_env().local_rank) : Device::cpu();
   double update_bw = 0;
-  const std::vector<Row> rows = measure(comm.get(), o, comm->size(), !o.compare.empty(), &update_bw);
+  const std::vector<Row> rows = measure(comm.get(), o, comm->size(), !o.compare.empty(), &update_bw, device);
   if (comm->rank() == 0) print_rows(rows, o, comm->size(), update_bw);
   return 0;
 }

@@ -20,15 +20,19 @@ double since(Clock::time_point start) { return std::chrono::duration<double>(Clo
 // rank r's element i for the check: small integers, exact in every dtype and op.
 double check_value(int rank, int64_t i) { return static_cast<double>((rank + 1) * (i % 7 + 1)); }
 
+// The checks write and read through the host, wherever the buffers live.
 void fill_check(const Tensor& t, int rank, int64_t first_index) {
   std::vector<double> values(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < values.size(); ++i) values[i] = check_value(rank, first_index + static_cast<int64_t>(i));
-  convert_elements(values.data(), DType::f64, t.raw_data(), t.dtype(), t.numel());
+  const Tensor host = t.device().is_cpu() ? t : Tensor::empty(t.shape(), t.dtype());
+  convert_elements(values.data(), DType::f64, host.raw_data(), host.dtype(), host.numel());
+  if (!t.device().is_cpu()) t.copy_from(host);
 }
 
 int64_t count_wrong(const Tensor& t, const std::function<double(int64_t)>& expected) {
+  const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
   std::vector<double> got(static_cast<size_t>(t.numel()));
-  convert_elements(t.raw_data(), t.dtype(), got.data(), DType::f64, t.numel());
+  convert_elements(host.raw_data(), host.dtype(), got.data(), DType::f64, host.numel());
   int64_t wrong = 0;
   for (size_t i = 0; i < got.size(); ++i) wrong += got[i] != expected(static_cast<int64_t>(i));
   return wrong;
@@ -88,7 +92,8 @@ double bus_factor(Collective what, int ranks) {
   return 1;
 }
 
-Timing time_collective(comm::Communicator& comm, Collective what, int64_t bytes, const TimingSettings& settings) {
+Timing time_collective(comm::Communicator& comm, Collective what, int64_t bytes, const TimingSettings& settings,
+                       Device device) {
   const int n = comm.size();
   const int64_t element = static_cast<int64_t>(dtype_size(settings.dtype));
   const int64_t count = bytes / element;  // nccl-tests' count: elements of the "size" buffer
@@ -96,8 +101,8 @@ Timing time_collective(comm::Communicator& comm, Collective what, int64_t bytes,
   const int64_t per_rank = split ? count / n : count;
   // Buffers peers can reach directly (shared memory on shm): the in-place algorithm with
   // no staging copy, as NCCL's registered user buffers.
-  Tensor a = comm.empty_shared({split ? per_rank * n : count}, settings.dtype);
-  Tensor b = comm.empty_shared({per_rank}, settings.dtype);
+  Tensor a = comm.empty_shared({split ? per_rank * n : count}, settings.dtype, device);
+  Tensor b = comm.empty_shared({per_rank}, settings.dtype, device);
   a.zero();
   b.zero();
   auto run = [&] {
@@ -149,9 +154,9 @@ Timing time_collective(comm::Communicator& comm, Collective what, int64_t bytes,
       wrong = count_wrong(a, [&](int64_t i) { return check_value(0, i); });
       break;
   }
-  Tensor total = Tensor::scalar(static_cast<double>(wrong), DType::i64).reshape({1});
+  Tensor total = Tensor::scalar(static_cast<double>(wrong), DType::i64).reshape({1}).to(device);
   comm.all_reduce(total);
-  timing.wrong = total.data<int64_t>()[0];
+  timing.wrong = total.to(Device::cpu()).data<int64_t>()[0];
   return timing;
 }
 

@@ -29,9 +29,12 @@ struct Timing {
   int64_t wrong = 0;   // elements off the exact answer, over all ranks (-1: not checked)
 };
 
-// Collective over comm. bytes: nccl-tests' "size" (all_reduce and broadcast: the buffer;
-// reduce_scatter: the input; all_gather: the output).
-Timing time_collective(comm::Communicator& comm, Collective what, int64_t bytes, const TimingSettings& settings);
+// Collective over comm, on buffers on `device` (this rank's GPU under nccl). bytes:
+// nccl-tests' "size" (all_reduce and broadcast: the buffer; reduce_scatter: the input;
+// all_gather: the output). The time is the host's from the first call to the last one's
+// completion: every backend's call returns when its result is complete on this rank.
+Timing time_collective(comm::Communicator& comm, Collective what, int64_t bytes, const TimingSettings& settings,
+                       Device device = Device::cpu());
 
 // Bytes per second that all of comm's ranks together update in place (x[i] += 1 over a
 // private buffer of `bytes` per rank, all at once), timed like the collectives. Collective.

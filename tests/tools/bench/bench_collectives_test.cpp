@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core/cuda_device.h"
+
 namespace lockstep {
 namespace {
 
@@ -95,10 +97,20 @@ TEST(BenchCollectives, LocalWithMpiComparisonRunsMpiInAChildJob) {
   EXPECT_GT(result.rows[0]["mpi_time_us"].get<double>(), 0) << result.output;
 }
 
+// Without a GPU --backend nccl fails at once and says why; the run on GPUs is scripts/gpu-check's.
+TEST(BenchCollectives, NcclWithoutAGpuSaysWhy) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  const Result result = run("--backend nccl --compare nccl -n 1 -w 0");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  const std::string expected =
+      cuda::built() ? "--backend nccl needs GPUs, and this process sees none: " : "this build has no nccl backend";
+  EXPECT_NE(result.output.find(expected), std::string::npos) << result.output;
+}
+
 TEST(BenchCollectives, BadFlagsAreUsageErrors) {
-  for (const char* args :
-       {"--backend tcp", "-b 4Q", "-b 8K -e 4K", "--collective all_to_all", "-f 1", "--compare nccl", "-d q8", "-n 0",
-        "-w -1", "--update-bytes 0", "-b nanK", "-b 1e30", "-e inf", "-c 2", "-g 0"}) {
+  for (const char* args : {"--backend tcp", "-b 4Q", "-b 8K -e 4K", "--collective all_to_all", "-f 1", "--compare nccl",
+                           "--backend nccl --compare mpi", "--compare ucc", "-d q8", "-n 0", "-w -1",
+                           "--update-bytes 0", "-b nanK", "-b 1e30", "-e inf", "-c 2", "-g 0"}) {
     const Result result = run(args);
     EXPECT_EQ(result.exit_code, 2) << args << "\n" << result.output;
     EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << args << "\n" << result.output;
