@@ -19,6 +19,22 @@ Tensor cross_entropy_per_target(const Tensor& logits, const Tensor& targets, con
   return reshape(losses, targets.shape());
 }
 
+void check_label_smoothing(double label_smoothing, const char* loss_name) {
+  LOCKSTEP_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0)
+      << loss_name << ": label_smoothing must lie in [0, 1] (0: none; PyTorch's recipes use 0.1), got "
+      << label_smoothing;
+}
+
+// With label smoothing ε: (1 - ε) times the cross-entropy plus ε times the mean over the
+// classes of -log p (the cross-entropy against the uniform distribution).
+Tensor smoothed_cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing,
+                              const char* loss_name) {
+  const Tensor losses = cross_entropy_per_target(logits, targets, loss_name);
+  if (label_smoothing == 0.0) return losses;
+  const Tensor uniform = neg(mean(log_softmax(logits, -1), {-1}));
+  return losses * (1.0 - label_smoothing) + uniform * label_smoothing;
+}
+
 // The squared error of each element of a prediction against targets of its shape.
 Tensor squared_error(const Tensor& prediction, const Tensor& wanted, const std::string& target, const char* loss_name) {
   LOCKSTEP_CHECK(prediction.shape() == wanted.shape())
@@ -29,15 +45,16 @@ Tensor squared_error(const Tensor& prediction, const Tensor& wanted, const std::
 
 }  // namespace
 
-LossFunction classification_loss(std::string input, std::string target) {
-  return [input = std::move(input), target = std::move(target)](nn::Module& model, const TensorBatch& batch,
-                                                                const StepContext&) {
+LossFunction classification_loss(std::string input, std::string target, double label_smoothing) {
+  check_label_smoothing(label_smoothing, "classification_loss");
+  return [input = std::move(input), target = std::move(target), label_smoothing](
+             nn::Module& model, const TensorBatch& batch, const StepContext&) {
     const Tensor& labels = batch.at(target);
     LOCKSTEP_CHECK(labels.dim() == 1) << "classification_loss: targets '" << target << "' are "
                                       << shape_str(labels.shape())
                                       << "; they must be one class index per sample, [n] (for sequences use "
                                          "next_token_loss)";
-    return cross_entropy_per_target(model(batch.at(input)), labels, "classification_loss");
+    return smoothed_cross_entropy(model(batch.at(input)), labels, label_smoothing, "classification_loss");
   };
 }
 
@@ -58,9 +75,11 @@ LossFunction mse_loss(std::string input, std::string target) {
   };
 }
 
-OutputLoss cross_entropy_loss_of(std::string target) {
-  return [target = std::move(target)](const Tensor& logits, const TensorBatch& batch, const StepContext&) {
-    return cross_entropy_per_target(logits, batch.at(target), "cross_entropy_loss_of");
+OutputLoss cross_entropy_loss_of(std::string target, double label_smoothing) {
+  check_label_smoothing(label_smoothing, "cross_entropy_loss_of");
+  return [target = std::move(target), label_smoothing](const Tensor& logits, const TensorBatch& batch,
+                                                       const StepContext&) {
+    return smoothed_cross_entropy(logits, batch.at(target), label_smoothing, "cross_entropy_loss_of");
   };
 }
 

@@ -31,7 +31,11 @@ using LossFunction =
 
 // Classification: model(batch[input]) gives logits [n, classes]; batch[target] holds class
 // indices [n] (i64 or i32). Per-sample cross-entropy, as torch.nn.CrossEntropyLoss's mean.
-LossFunction classification_loss(std::string input = "input", std::string target = "target");
+// label_smoothing ε in [0, 1] as CrossEntropyLoss(label_smoothing=ε): the target is
+// (1 - ε) on the class and ε / classes on every class, so each sample's loss is
+// (1 - ε) · (-log p_target) + ε · mean over classes of (-log p_c).
+LossFunction classification_loss(std::string input = "input", std::string target = "target",
+                                 double label_smoothing = 0.0);
 
 // Sequence models: model(batch[input]) gives logits [n, T, vocab] for targets [n, T] (the
 // next token at every position). Each position's cross-entropy; the step's loss is the mean
@@ -48,9 +52,10 @@ using OutputLoss =
     std::function<Tensor(const Tensor& output, const TensorBatch& micro_batch, const StepContext& context)>;
 
 // The shipped losses of an output, for pipelines: cross-entropy of logits [n, ..., classes]
-// against class indices batch[target] [n, ...]; the squared error against batch[target] of
+// against class indices batch[target] [n, ...] (label smoothing as classification_loss's);
+// the squared error against batch[target] of
 // the output's shape.
-OutputLoss cross_entropy_loss_of(std::string target);
+OutputLoss cross_entropy_loss_of(std::string target, double label_smoothing = 0.0);
 OutputLoss squared_error_of(std::string target);
 
 // Checks what a loss function returned for a micro-batch of `samples` samples (the contract
