@@ -237,16 +237,19 @@ int run_training(const TrainPlan& plan) {
   std::vector<DeviceTotals> local_totals;
   trainer.on_start = [&](int64_t first_step, int64_t total) {
     if (!quiet) {
+      char smoothing[48] = "";
+      if (settings.label_smoothing > 0)
+        std::snprintf(smoothing, sizeof(smoothing), ", label smoothing %g", settings.label_smoothing);
       std::fprintf(stderr,
                    "train %s with %s on %d device%s (%s..%s, %d thread%s each): %lld samples, batch %lld = "
-                   "micro-batch %lld x %lld accumulation x %d %s, %s lr %g, steps %lld -> %lld\n",
+                   "micro-batch %lld x %lld accumulation x %d %s, %s lr %g%s, steps %lld -> %lld\n",
                    settings.model.c_str(), settings.strategy.c_str(), static_cast<int>(settings.devices),
                    settings.devices == 1 ? "" : "s", device_names.front().c_str(), device_names.back().c_str(),
                    plan.threads_per_device, plan.threads_per_device == 1 ? "" : "s",
                    static_cast<long long>(task.train->size()), static_cast<long long>(settings.batch_size),
                    static_cast<long long>(settings.micro_batch), static_cast<long long>(plan.accumulation),
                    plan.replicas, settings.strategy == "mesh" ? "replicas" : "devices", settings.optimizer.c_str(),
-                   settings.lr, static_cast<long long>(first_step), static_cast<long long>(total));
+                   settings.lr, smoothing, static_cast<long long>(first_step), static_cast<long long>(total));
     }
     for (const Device& d : allocators) reset_peak_memory_stats(d);
   };
@@ -303,6 +306,7 @@ int run_training(const TrainPlan& plan) {
       {"accumulation_steps", plan.accumulation},
       {"optimizer", settings.optimizer},
       {"lr", settings.lr},
+      {"label_smoothing", settings.label_smoothing},
       {"precision", settings.precision},
       {"grad_dtype", settings.grad_dtype},
       {"sync_every", settings.sync_every},
@@ -416,6 +420,9 @@ int train_main(const std::vector<std::string>& args) {
                    "off each GPU for adamw, 12 crossing the bus per step; the same bits). dp, ddp, zero1-3");
   flags.add("momentum", &options.momentum, "SGD momentum");
   flags.add("weight-decay", &options.weight_decay, "weight decay");
+  flags.add("label-smoothing", &options.label_smoothing,
+            "Fashion-MNIST models: the target is 1-X on the class and X/10 on every class, as PyTorch's "
+            "label_smoothing (default 0)");
   flags.add("lr-schedule", &options.lr_schedule,
             "constant | step:N[:GAMMA] | cosine[:warmup=N][:total=N][:min_lr=X] (default: cosine over the run after "
             "100 warm-up steps, or a tenth of a shorter run; gpt: no warm-up)");

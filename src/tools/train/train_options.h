@@ -45,7 +45,8 @@ struct TrainOptions {
   std::string optimizer;           // "": adamw
   double momentum = 0.9;
   double weight_decay = 0.0;
-  std::string lr_schedule;  // "": default_lr_schedule(model, steps)
+  double label_smoothing = -1;  // -1: default_label_smoothing(model)
+  std::string lr_schedule;      // "": default_lr_schedule(model, steps)
   uint64_t seed = 0;
   int64_t threads = 0;  // in all, shared by the devices; 0: every core
   std::string data_dir;
@@ -75,6 +76,8 @@ inline double default_lr(const std::string& model, const std::string& optimizer)
   if (optimizer == "sgd") return 0.05;
   return model == "gpt" ? 1e-3 : 4e-3;
 }
+// Label smoothing of the classification loss (PyTorch's label_smoothing).
+inline double default_label_smoothing(const std::string& /*model*/) { return 0.0; }
 // Warm-up is at most a tenth of the run, so a short run (--steps 20) still has a schedule.
 inline std::string default_lr_schedule(const std::string& model, int64_t total_steps) {
   if (model == "gpt") return "cosine";

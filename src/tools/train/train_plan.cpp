@@ -255,6 +255,11 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
   // -1 stands for "the optimizer's default": a negative --lr must not pass for it.
   require(!given("lr") || s.lr > 0, "--lr must be a positive number, got " + flag_number(s.lr));
   if (s.lr < 0) s.lr = default_lr(s.model, s.optimizer);
+  require(!given("label-smoothing") || (s.label_smoothing >= 0 && s.label_smoothing <= 1),
+          "--label-smoothing must lie in [0, 1], got " + flag_number(s.label_smoothing));
+  require(!given("label-smoothing") || s.model != "gpt" || s.label_smoothing == 0,
+          "--label-smoothing is for the Fashion-MNIST models (cnn, mlp, resnet); the GPT's next-byte loss has none");
+  if (s.label_smoothing < 0) s.label_smoothing = default_label_smoothing(s.model);
   if (s.micro_batch < 0) s.micro_batch = default_micro_batch(s.batch_size);
   check_ranges(s);
   if (s.model == "gpt") {

@@ -91,6 +91,7 @@ Metadata train_recipe(const TrainOptions& options) {
       {"lr", exact(options.lr)},
       {"momentum", exact(options.momentum)},
       {"weight_decay", exact(options.weight_decay)},
+      {"label_smoothing", exact(options.label_smoothing)},
       {"lr_schedule", options.lr_schedule},
       {"epochs", std::to_string(options.epochs)},
       {"steps", std::to_string(options.steps)},
@@ -139,11 +140,13 @@ void apply_checkpoint_settings(const Metadata& checkpoint, const std::string& pa
   with_defaults.emplace("sync_every", "1");
   with_defaults.emplace("powersgd_rank", "0");
   with_defaults.emplace("powersgd_start", "10");
+  with_defaults.emplace("label_smoothing", "0");
   const Reconciler newer(with_defaults, path, given);
   newer.text("grad-dtype", "grad_dtype", options.grad_dtype);
   newer.number("sync-every", "sync_every", options.sync_every);
   newer.number("powersgd-rank", "powersgd_rank", options.powersgd_rank);
   newer.number("powersgd-start", "powersgd_start", options.powersgd_start);
+  newer.number("label-smoothing", "label_smoothing", options.label_smoothing);
   // The data as the run named it; a resume may name another path to the same data (moved,
   // or mounted elsewhere), which the checkpoint cannot check.
   if (!given("data")) options.data_dir = meta(checkpoint, path, "data");

@@ -42,7 +42,7 @@ TrainTask make_train_task(const TrainPlan& plan) {
   task.make_model = [name, seed] { return nn::make_model(name, seed); };
   task.input = kImageField;
   task.target = kLabelField;
-  task.loss = parallel::classification_loss(task.input, task.target);
+  task.loss = parallel::classification_loss(task.input, task.target, options.label_smoothing);
   return task;
 }
 

@@ -464,6 +464,23 @@ TEST_F(TrainCommand, TracesEveryRankOfADistributedJob) {
   EXPECT_FALSE(fs::exists(trace.string() + ".rank1"));
 }
 
+// Label smoothing changes the weights, is part of the recipe a checkpoint keeps (a resume
+// with another value is refused by name) and goes into summary.json.
+TEST_F(TrainCommand, LabelSmoothingIsPartOfTheRecipe) {
+  const fs::path plain = root_ / "plain", smoothed = root_ / "smoothed";
+  ASSERT_EQ(run(base() + " --steps 4 --out " + plain.string()).exit_code, 0);
+  const Result stopped = run(base() + " --steps 4 --stop-after 2 --label-smoothing 0.1 --out " + smoothed.string());
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
+  const Result other = run("train --quiet --threads 1 --label-smoothing 0.2 --resume " + smoothed.string());
+  EXPECT_EQ(other.exit_code, 1) << other.output;
+  EXPECT_NE(other.output.find("label-smoothing"), std::string::npos) << other.output;
+  const Result resumed = run("train --quiet --threads 1 --resume " + smoothed.string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(summary(smoothed)["label_smoothing"], 0.1);
+  EXPECT_EQ(summary(plain)["label_smoothing"], 0.0);
+  EXPECT_NE(summary(smoothed)["weights_sha256"], summary(plain)["weights_sha256"]);
+}
+
 TEST_F(TrainCommand, SameSeedSameWeightsOtherSeedOtherWeights) {
   ASSERT_EQ(run(base() + " --steps 3 --seed 7 --out " + (root_ / "a").string()).exit_code, 0);
   ASSERT_EQ(run(base() + " --steps 3 --seed 7 --out " + (root_ / "b").string()).exit_code, 0);
@@ -558,6 +575,8 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
       {base() + " --precision f8", 2, "--precision must be f32, bf16 or f16"},
       {base() + " --strategy zero9", 2, "--strategy"},
       {base() + " --strategy ddp --devices 2", 2, "one device per process"},
+      {base() + " --label-smoothing 1.5", 2, "--label-smoothing must lie in [0, 1], got 1.5"},
+      {base("gpt") + " --label-smoothing 0.1", 2, "--label-smoothing is for the Fashion-MNIST models"},
   };
   for (const Case& c : cases) {
     const Result r = run(c.arguments);
