@@ -1,7 +1,5 @@
 #include "lockstep/core/allocator.h"
 
-#include <atomic>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/core/cuda_device.h"
+#include "lockstep/core/device_memory_limit.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep {
@@ -46,32 +45,8 @@ std::string available_memory() {
   return "the host's available memory is unknown";
 }
 
-// LOCKSTEP_CPU_DEVICE_MEMORY's bytes: digits with an optional binary suffix (K, M, G, T,
-// alone or with "iB"/"B").
-int64_t limit_from_environment() {
-  const char* text = std::getenv("LOCKSTEP_CPU_DEVICE_MEMORY");
-  if (text == nullptr || *text == '\0') return 0;
-  char* end = nullptr;
-  const double number = std::strtod(text, &end);
-  std::string suffix(end);
-  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double scale = suffix.empty() || suffix == "B" ? 1 : 0;
-  double unit = 1;
-  for (const char* prefix : {"K", "M", "G", "T"}) {
-    unit *= 1024;
-    for (const char* tail : {"", "B", "IB"}) {
-      if (suffix == std::string(prefix) + tail) scale = unit;
-    }
-  }
-  LOCKSTEP_CHECK(end != text && number >= 0 && scale > 0)
-      << "LOCKSTEP_CPU_DEVICE_MEMORY='" << text
-      << "' is not a size: give bytes, or a number with K, M, G or T (binary: 512M, 1.5GiB), or 0 for no limit";
-  return static_cast<int64_t>(number * scale);
-}
-
-// -1 until read: the variable is read at the first allocation, not at static initialization.
-std::atomic<int64_t>& limit_bytes() {
-  static std::atomic<int64_t> limit = -1;
+DeviceMemoryLimit& cpu_limit() {
+  static DeviceMemoryLimit limit("LOCKSTEP_CPU_DEVICE_MEMORY");
   return limit;
 }
 
@@ -194,21 +169,9 @@ void device_free(Device device, void* ptr, size_t bytes) {
   }
 }
 
-int64_t cpu_device_memory_limit() {
-  std::atomic<int64_t>& limit = limit_bytes();
-  int64_t bytes = limit.load(std::memory_order_relaxed);
-  if (bytes < 0) {
-    bytes = limit_from_environment();
-    int64_t unread = -1;
-    if (!limit.compare_exchange_strong(unread, bytes)) bytes = unread;  // a setter came first
-  }
-  return bytes;
-}
+int64_t cpu_device_memory_limit() { return cpu_limit().bytes(); }
 
-void set_cpu_device_memory_limit(int64_t bytes) {
-  LOCKSTEP_CHECK(bytes >= 0) << "a CPU device's memory limit must be 0 (none) or positive, got " << bytes;
-  limit_bytes().store(bytes);
-}
+void set_cpu_device_memory_limit(int64_t bytes) { cpu_limit().set(bytes); }
 
 MemoryStats memory_stats(Device device) {
   if (device.is_cuda()) return cuda::memory_stats(device);

@@ -51,6 +51,12 @@ void release(Device device, void* ptr, size_t bytes);
 MemoryStats memory_stats(Device device);
 void reset_peak_memory_stats(Device device);
 void empty_cache(Device device);
+// LOCKSTEP_CUDA_DEVICE_MEMORY: the bytes each CUDA device may reserve (0: the GPU's own
+// memory is the limit); past it an allocation empties the device's cache, then throws
+// OutOfMemoryError as a full GPU does (core/device_memory_limit.h). Without the backend
+// the value is kept and unused.
+int64_t device_memory_limit();
+void set_device_memory_limit(int64_t bytes);
 // Page-locked host memory (cudaMallocHost): copies between it and a GPU run at the bus's
 // speed and never stage through a pageable buffer; what a checkpoint of a GPU run copies
 // into. Without the backend, ordinary memory. release_pinned_host gives back either.

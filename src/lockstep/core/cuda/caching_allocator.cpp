@@ -4,6 +4,7 @@
 // stream: work queued after the reuse runs after the work that last used the block, so no
 // event is needed. Sizes round up to 512 bytes below 1 MiB and to 2 MiB above, which keeps
 // the number of distinct sizes (and so the cache) small for a training step's shapes.
+// LOCKSTEP_CUDA_DEVICE_MEMORY caps each device's reserved bytes (device_memory_limit.h).
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -69,6 +70,19 @@ void* allocate(Device device, size_t bytes) {
     it->second.pop_back();
   } else {
     DeviceScope scope(device);
+    if (const int64_t limit = device_memory_limit();
+        limit > 0 && p.stats.reserved_bytes + static_cast<int64_t>(size) > limit) {
+      p.free_cached(device, "emptying the CUDA cache at the device's memory limit");
+      if (p.stats.reserved_bytes + static_cast<int64_t>(size) > limit) {
+        std::ostringstream message;
+        message << "out of memory on " << device << ": tried to allocate " << mib(static_cast<int64_t>(size))
+                << "; the device may use " << mib(limit) << " (LOCKSTEP_CUDA_DEVICE_MEMORY), and Lockstep holds "
+                << mib(p.stats.allocated_bytes)
+                << " in tensors on it: use a smaller micro-batch, spread the model over more devices, or raise the "
+                   "limit";
+        throw OutOfMemoryError(message.str());
+      }
+    }
     cudaError_t rc = cudaMalloc(&ptr, size);
     if (rc == cudaErrorMemoryAllocation) {
       cudaGetLastError();
