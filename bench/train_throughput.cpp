@@ -87,12 +87,16 @@ std::vector<Layer> gemm_layers(const std::string& model) {
             {"fc2", 128.0 * 10}};
   }
   if (model == "resnet") {
-    // 28x28 (stem, layer1) -> 14x14 (layer2) -> 7x7 (layer3); 3x3 convs, 1x1 downsamples
-    return {{"conv1", 16.0 * 28 * 28 * (1 * 9)},         {"layer1.conv1", 16.0 * 28 * 28 * (16 * 9)},
-            {"layer1.conv2", 16.0 * 28 * 28 * (16 * 9)}, {"layer2.conv1", 32.0 * 14 * 14 * (16 * 9)},
-            {"layer2.conv2", 32.0 * 14 * 14 * (32 * 9)}, {"layer2.downsample", 32.0 * 14 * 14 * 16},
-            {"layer3.conv1", 64.0 * 7 * 7 * (32 * 9)},   {"layer3.conv2", 64.0 * 7 * 7 * (64 * 9)},
-            {"layer3.downsample", 64.0 * 7 * 7 * 32},    {"fc", 64.0 * 10}};
+    // 28x28 (stem, layer1) -> 14x14 (layer2) -> 7x7 (layer3), two blocks each; 3x3 convs,
+    // 1x1 downsamples in the first block of layer2 and layer3
+    return {{"conv1", 16.0 * 28 * 28 * (1 * 9)},           {"layer1.0.conv1", 16.0 * 28 * 28 * (16 * 9)},
+            {"layer1.0.conv2", 16.0 * 28 * 28 * (16 * 9)}, {"layer1.1.conv1", 16.0 * 28 * 28 * (16 * 9)},
+            {"layer1.1.conv2", 16.0 * 28 * 28 * (16 * 9)}, {"layer2.0.conv1", 32.0 * 14 * 14 * (16 * 9)},
+            {"layer2.0.conv2", 32.0 * 14 * 14 * (32 * 9)}, {"layer2.0.downsample", 32.0 * 14 * 14 * 16},
+            {"layer2.1.conv1", 32.0 * 14 * 14 * (32 * 9)}, {"layer2.1.conv2", 32.0 * 14 * 14 * (32 * 9)},
+            {"layer3.0.conv1", 64.0 * 7 * 7 * (32 * 9)},   {"layer3.0.conv2", 64.0 * 7 * 7 * (64 * 9)},
+            {"layer3.0.downsample", 64.0 * 7 * 7 * 32},    {"layer3.1.conv1", 64.0 * 7 * 7 * (64 * 9)},
+            {"layer3.1.conv2", 64.0 * 7 * 7 * (64 * 9)},   {"fc", 64.0 * 10}};
   }
   return {{"fc1", 784.0 * 512}, {"fc2", 512.0 * 512}, {"fc3", 512.0 * 10}};
 }

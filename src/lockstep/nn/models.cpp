@@ -39,9 +39,13 @@ Tensor MLP::forward(const Tensor& x) {
 ResNet::ResNet() : Module("ResNet") {
   conv1 = register_module("conv1", std::make_shared<Conv2d>(1, 16, 3, 1, 1, false));
   bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(16));
-  layer1 = register_module("layer1", std::make_shared<BasicBlock>(16, 16));
-  layer2 = register_module("layer2", std::make_shared<BasicBlock>(16, 32, 2));
-  layer3 = register_module("layer3", std::make_shared<BasicBlock>(32, 64, 2));
+  const auto stage = [](int64_t in_planes, int64_t planes, int64_t stride) {
+    return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+        std::make_shared<BasicBlock>(in_planes, planes, stride), std::make_shared<BasicBlock>(planes, planes)});
+  };
+  layer1 = register_module("layer1", stage(16, 16, 1));
+  layer2 = register_module("layer2", stage(16, 32, 2));
+  layer3 = register_module("layer3", stage(32, 64, 2));
   pool = register_module("pool", std::make_shared<AdaptiveAvgPool2d>(1));
   fc = register_module("fc", std::make_shared<Linear>(64, 10));
 }

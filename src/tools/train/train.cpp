@@ -413,7 +413,7 @@ int train_main(const std::vector<std::string>& args) {
   flags.add("powersgd-rank", &options.powersgd_rank,
             "ddp: PowerSGD: gradient matrices cross as rank-R approximations with error feedback (0: off)");
   flags.add("powersgd-start", &options.powersgd_start, "ddp: the step PowerSGD starts at; plain all-reduces before");
-  flags.add("lr", &options.lr, "learning rate (default: adamw 0.004, gpt 0.001; sgd 0.05)");
+  flags.add("lr", &options.lr, "learning rate (default: adamw 0.004, resnet 0.006, gpt 0.001; sgd 0.05)");
   flags.add("optimizer", &options.optimizer, "adamw or sgd (default adamw)");
   flags.add_switch("offload-optimizer", &options.offload_optimizer,
                    "GPUs: keep the optimizer state in host memory and step it with the CPU (8 bytes per parameter "

@@ -260,7 +260,7 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
   require(!given("label-smoothing") || s.model != "gpt" || s.label_smoothing == 0,
           "--label-smoothing is for the Fashion-MNIST models (cnn, mlp, resnet); the GPT's next-byte loss has none");
   if (s.label_smoothing < 0) s.label_smoothing = default_label_smoothing(s.model);
-  if (s.micro_batch < 0) s.micro_batch = default_micro_batch(s.batch_size);
+  if (s.micro_batch < 0) s.micro_batch = default_micro_batch(s.model, s.batch_size);
   check_ranges(s);
   if (s.model == "gpt") {
     plan.gpt =

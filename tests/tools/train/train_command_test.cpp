@@ -587,17 +587,19 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
 }
 
 // The accuracy of one epoch with the defaults (batch 32 in micro-batches of 4, AdamW lr
-// 0.004 after 100 warm-up steps, cosine decay) on the real dataset: the targets, 85%
-// for the MLP and 88% for the CNN. The runs are deterministic (MLP 0.8628, CNN 0.8856 here,
-// on any device count); other OpenBLAS kernels round differently, and seeds 1 and 2 give
-// the CNN 0.8838 and 0.8855. bench/torch_accuracy.py runs the same recipe in PyTorch.
+// 0.004 after 100 warm-up steps, cosine decay; the ResNet at lr 0.006 in micro-batches of 16
+// with label smoothing 0.1) on the real dataset: the targets, 85% for the MLP, 88% for the
+// CNN and 90.5% for the ResNet. The runs are deterministic (MLP 0.8628, CNN 0.8856, ResNet
+// 0.9066 here, on any device count); other OpenBLAS kernels round differently, and seeds 1
+// and 2 give the CNN 0.8838 and 0.8855 and the ResNet 0.9045 and 0.9097, so the ResNet's
+// bound keeps a margin below its target. bench/torch_accuracy.py runs the same recipe in PyTorch.
 TEST(TrainCommandLong, DefaultRunsReachTheirAccuracy) {
   if (kSanitized) GTEST_SKIP() << "a full epoch is too slow under sanitizers; the release build runs it";
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   const fs::path out = fs::temp_directory_path() / ("lockstep-accuracy-" + std::to_string(getpid()));
   for (const auto& [model, target] :
-       std::vector<std::pair<std::string, double>>{{"mlp", 0.85}, {"cnn", 0.88}, {"resnet", 0.875}}) {
+       std::vector<std::pair<std::string, double>>{{"mlp", 0.85}, {"cnn", 0.88}, {"resnet", 0.9}}) {
     const Result r = run("train --quiet --model " + model + " --out " + (out / model).string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream in(out / model / "summary.json");
