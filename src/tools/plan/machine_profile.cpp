@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/core/allocator.h"
+#include "lockstep/core/cuda_device.h"
 #include "lockstep/core/error.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/core/tensor.h"
@@ -232,6 +233,25 @@ MachineProfile this_host_profile(int devices) {
                         std::to_string(cores) + " core" + (cores == 1 ? "" : "s");
   machine.source = "measured now: a 512x512 f32 GEMM on " + std::to_string(threads) + " thread" +
                    (threads == 1 ? "" : "s") + ", a 64 MiB copy, /proc's physical memory";
+  return machine;
+}
+
+MachineProfile this_host_gpu_profile(const gpu::GpuState& state, int devices) {
+  LOCKSTEP_CHECK(!state.devices.empty()) << "NVML lists no GPU on this host"
+                                         << (state.load_error.empty() ? "" : " (" + state.load_error + ")");
+  // The report doctor --json would write of these GPUs, read as one from another server.
+  nlohmann::json listed = nlohmann::json::array();
+  for (const gpu::GpuDevice& d : state.devices) {
+    listed.push_back({{"name", d.name}, {"memory_total_bytes", d.memory_total}});
+  }
+  MachineProfile machine =
+      machine_profile_from_doctor({{"facts", {{"gpus", {{"devices", listed}}}}}}, "this host's NVML");
+  machine.name = "this-host";
+  machine.devices = devices;
+  const auto cap = static_cast<double>(cuda::device_memory_limit());
+  if (cap > 0 && cap < machine.memory_bytes) machine.memory_bytes = cap;
+  machine.description = std::to_string(devices) + "x " + state.devices.front().name + " on this host" +
+                        (cap > 0 ? " (LOCKSTEP_CUDA_DEVICE_MEMORY caps each)" : "");
   return machine;
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/gpu/gpu_state.h"
+
 namespace lockstep::tools {
 
 struct MachineProfile {
@@ -50,5 +52,10 @@ MachineProfile machine_profile_from_doctor(const nlohmann::json& report, const s
 // This host as `devices` CPU devices: memory from /proc/meminfo, the GEMM rate measured on
 // one device's share of the cores, the collectives' bandwidth from a measured copy.
 MachineProfile this_host_profile(int devices);
+// This host's GPUs as NVML reads them (`state`), `devices` of them: each with the memory of
+// the smallest GPU NVML lists (or LOCKSTEP_CUDA_DEVICE_MEMORY's cap, where it is lower), the
+// rates from the named profile of that model. An Error when NVML lists no GPU; a
+// UsageError, as for a doctor report, when no profile knows the model.
+MachineProfile this_host_gpu_profile(const gpu::GpuState& state, int devices);
 
 }  // namespace lockstep::tools

@@ -1,6 +1,7 @@
 #include "tools/train/auto_micro_batch.h"
 
 #include "lockstep/core/error.h"
+#include "lockstep/gpu/nvml.h"
 #include "tools/plan/machine_profile.h"
 #include "tools/plan/model_facts.h"
 
@@ -56,11 +57,6 @@ MicroBatchChoice choose_micro_batch(const TrainPlan& plan, const ModelFacts& mod
 
 MicroBatchChoice choose_micro_batch_here(const TrainPlan& plan, const TrainEnvironment& environment) {
   const TrainOptions& s = plan.settings;
-  if (s.device_type != DeviceType::cpu) {
-    throw UsageError(
-        "--micro-batch auto plans for CPU devices in this version: on GPUs give a number (`lockstep plan "
-        "--machine` with a named profile or a `lockstep doctor --json` report predicts which fit)");
-  }
   if (environment.launch.world_size > environment.launch.local_world_size) {
     throw UsageError(
         "--micro-batch auto across hosts: each host would choose for its own memory; give a number "
@@ -69,7 +65,14 @@ MicroBatchChoice choose_micro_batch_here(const TrainPlan& plan, const TrainEnvir
   const int devices = s.strategy == "mesh" ? plan.mesh.mesh.size() : plan.replicas;
   const ModelFacts model = s.model == "gpt" ? gpt_model_facts(plan.gpt, s.precision, plan.threads_per_device, false)
                                             : image_model_facts(s.model, s.precision, plan.threads_per_device, false);
-  return choose_micro_batch(plan, model, this_host_profile(devices));
+  if (s.device_type == DeviceType::cpu) return choose_micro_batch(plan, model, this_host_profile(devices));
+  const gpu::GpuState gpus = gpu::Nvml().read(gpu::Nvml::Query{.processes = false});
+  if (gpus.devices.empty()) {
+    throw UsageError("--micro-batch auto on GPUs reads their memory through NVML, which lists none (" +
+                     (gpus.load_error.empty() ? std::string("no GPU") : gpus.load_error) +
+                     "): give a number (`lockstep plan --machine` predicts which fit)");
+  }
+  return choose_micro_batch(plan, model, this_host_gpu_profile(gpus, devices));
 }
 
 std::string describe(const MicroBatchChoice& choice) {

@@ -22,9 +22,10 @@ struct MicroBatchChoice {
 // even one sample per micro-batch fits, with what it needs.
 MicroBatchChoice choose_micro_batch(const TrainPlan& plan, const ModelFacts& model, const MachineProfile& machine);
 
-// The facts and the machine for this run: the model measured here, this host's CPU devices.
-// GPUs, and jobs across hosts (each would choose for its own memory), are UsageErrors that
-// say to give a number.
+// The facts and the machine for this run: the model measured here, and this host's CPU
+// devices, or its GPUs as NVML reads them (this_host_gpu_profile: the smallest GPU's
+// memory, or LOCKSTEP_CUDA_DEVICE_MEMORY's cap). Jobs across hosts (each would choose for
+// its own memory), and GPUs NVML cannot list, are UsageErrors that say to give a number.
 MicroBatchChoice choose_micro_batch_here(const TrainPlan& plan, const TrainEnvironment& environment);
 
 // "micro-batch auto: 32, the largest predicted to fit (...)".
