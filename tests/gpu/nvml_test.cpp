@@ -202,6 +202,7 @@ TEST(NvmlStandin, EveryProfileReadsBackAsWritten) {
       EXPECT_EQ(state.devices[i].index, i);
       const json device = profile_device(profile, i);
       expect_matches(profile, device, state.devices[i]);
+      EXPECT_FALSE(state.devices[i].gpm) << "GPM's activity spans two readings";
       // A profile that fails nothing reads without a single note.
       if (!profile.contains("fail") && !device.contains("fail")) {
         EXPECT_TRUE(state.devices[i].unavailable.empty()) << state.devices[i].unavailable.front();
@@ -290,6 +291,42 @@ TEST(NvmlStandin, ReadingsCycleOneStepPerRead) {
     const json& power = want["power_mw"];
     EXPECT_EQ(state.devices[1].power_mw, power[step % power.size()].get<unsigned>()) << step;
   }
+}
+
+// GPM's activity between two readings of one Nvml, as fractions of the profile's percents
+// (which cycle one step per reading); a metric the profile leaves out stays empty.
+TEST(NvmlStandin, GpmActivityFromTheSecondReadingOn) {
+  StandinEnv env("h100-8x.json");
+  const json want = profile_device(read_profile("h100-8x.json"), 0)["gpm"];
+  Nvml nvml;
+  EXPECT_FALSE(nvml.read().devices[0].gpm) << "one sample measures nothing";
+  for (size_t step = 0; step < 3; ++step) {
+    const GpuState state = nvml.read();
+    ASSERT_TRUE(state.devices[0].gpm) << step;
+    EXPECT_TRUE(state.devices[0].unavailable.empty()) << state.devices[0].unavailable.front();
+    const GpmActivity& got = *state.devices[0].gpm;
+    const auto at = [&](const char* name) {
+      const json& values = want[name];
+      return values[step % values.size()].get<double>() / 100;
+    };
+    EXPECT_EQ(got.graphics_engine, at("graphics_util")) << step;
+    EXPECT_EQ(got.sm, at("sm_util")) << step;
+    EXPECT_EQ(got.sm_occupancy, at("sm_occupancy")) << step;
+    EXPECT_EQ(got.tensor, at("any_tensor_util")) << step;
+    EXPECT_EQ(got.dram, at("dram_bw_util")) << step;
+    EXPECT_EQ(got.fp32, at("fp32_util")) << step;
+    EXPECT_FALSE(got.fp64);
+    EXPECT_FALSE(got.fp16);
+  }
+}
+
+TEST(NvmlStandin, GpusBeforeHopperHaveNoGpmAndNoNote) {
+  StandinEnv env("a100-8x-nvlink.json");
+  Nvml nvml;
+  nvml.read();
+  const GpuState second = nvml.read();
+  EXPECT_FALSE(second.devices[0].gpm);
+  EXPECT_TRUE(second.devices[0].unavailable.empty()) << second.devices[0].unavailable.front();
 }
 
 TEST(NvmlStandin, FailingCallsAreNotedNotThrown) {

@@ -61,6 +61,13 @@ std::string throttle_reason_names(uint64_t reasons);
 bool is_thermal_throttle(uint64_t reasons);
 bool is_power_throttle(uint64_t reasons);
 
+// GPU Performance Monitoring's activity over the time between two readings (Hopper and
+// later; NVML's nvmlGpmMetricsGet), each a fraction in [0, 1], as DCGM's DCGM_FI_PROF_*
+// fields give them. A metric the GPU does not count stays empty.
+struct GpmActivity {
+  std::optional<double> graphics_engine, sm, sm_occupancy, tensor, dram, fp64, fp32, fp16;
+};
+
 struct GpuDevice {
   unsigned index = 0;      // NVML's index: PCI bus order
   std::string name;        // "NVIDIA A100-SXM4-80GB"
@@ -107,6 +114,9 @@ struct GpuDevice {
   // far the GPU's registration got and, once completed, its outcome ("" for success).
   std::optional<FabricState> fabric_state;
   std::string fabric_error;
+
+  // Only from the second reading of one Nvml on: a metric spans two samples.
+  std::optional<GpmActivity> gpm;
 
   std::vector<GpuProcess> processes;  // compute processes
   // Calls that failed for this device: "nvmlDeviceGetPowerUsage: Not Supported".

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "lockstep/core/error.h"
@@ -20,6 +23,10 @@ struct Nvml::Library {
   std::string path;
   std::string error;
   NvmlFunctions nvml;
+  // Each GPU's GPM sample of the previous reading (by NVML index): the next reading's
+  // activity is measured from it.
+  std::mutex gpm_mutex;
+  std::map<unsigned, nvmlGpmSample_t> gpm_previous;
 };
 
 namespace {
@@ -362,6 +369,53 @@ class DeviceReader {
     }
   }
 
+  // GPM: a new sample at every reading, and the activity between it and `previous` (the
+  // last reading's, which is then freed; the new one takes its place). GPUs before Hopper
+  // answer Not Supported or isSupportedDevice 0, which is no failure.
+  void read_gpm(nvmlGpmSample_t& previous) {
+    if (!nvml_.gpm_support || !nvml_.gpm_sample_alloc || !nvml_.gpm_sample_free || !nvml_.gpm_sample_get ||
+        !nvml_.gpm_metrics_get)
+      return;
+    nvmlGpmSupport_t support{};
+    support.version = NVML_GPM_SUPPORT_VERSION;
+    const nvmlReturn_t code = nvml_.gpm_support.fn(handle_, &support);
+    if (code == NVML_ERROR_NOT_SUPPORTED || (code == NVML_SUCCESS && support.isSupportedDevice == 0)) return;
+    if (!check(nvml_.gpm_support.name, code)) return;
+    nvmlGpmSample_t sample = nullptr;
+    if (!check(nvml_.gpm_sample_alloc.name, nvml_.gpm_sample_alloc.fn(&sample))) return;
+    if (!check(nvml_.gpm_sample_get.name, nvml_.gpm_sample_get.fn(handle_, sample))) {
+      nvml_.gpm_sample_free.fn(sample);
+      return;
+    }
+    if (previous != nullptr) {
+      GpmActivity activity;
+      const std::pair<unsigned, std::optional<double>*> wanted[] = {
+          {NVML_GPM_METRIC_GRAPHICS_UTIL, &activity.graphics_engine},
+          {NVML_GPM_METRIC_SM_UTIL, &activity.sm},
+          {NVML_GPM_METRIC_SM_OCCUPANCY, &activity.sm_occupancy},
+          {NVML_GPM_METRIC_ANY_TENSOR_UTIL, &activity.tensor},
+          {NVML_GPM_METRIC_DRAM_BW_UTIL, &activity.dram},
+          {NVML_GPM_METRIC_FP64_UTIL, &activity.fp64},
+          {NVML_GPM_METRIC_FP32_UTIL, &activity.fp32},
+          {NVML_GPM_METRIC_FP16_UTIL, &activity.fp16}};
+      auto request = std::make_unique<nvmlGpmMetricsGet_t>();  // 13 KB: off the stack
+      request->version = NVML_GPM_METRICS_GET_VERSION;
+      request->numMetrics = std::size(wanted);
+      request->sample1 = previous;
+      request->sample2 = sample;
+      for (size_t k = 0; k < std::size(wanted); ++k) request->metrics[k].metricId = wanted[k].first;
+      if (check(nvml_.gpm_metrics_get.name, nvml_.gpm_metrics_get.fn(request.get()))) {
+        // NVML gives percentages; DCGM's fields, and these, are fractions.
+        for (size_t k = 0; k < std::size(wanted); ++k) {
+          if (request->metrics[k].nvmlReturn == NVML_SUCCESS) *wanted[k].second = request->metrics[k].value / 100.0;
+        }
+        device_.gpm = activity;
+      }
+      nvml_.gpm_sample_free.fn(previous);
+    }
+    previous = sample;
+  }
+
  private:
   const NvmlFunctions& nvml_;
   nvmlDevice_t handle_;
@@ -405,6 +459,9 @@ Nvml::Nvml() : library_(std::make_unique<Library>()) {
 
 Nvml::~Nvml() {
   if (library_->handle == nullptr) return;
+  for (auto& [index, sample] : library_->gpm_previous) {
+    if (sample != nullptr) library_->nvml.gpm_sample_free.fn(sample);
+  }
   library_->nvml.shutdown.fn();
   dlclose(library_->handle);
 }
@@ -450,6 +507,10 @@ GpuState Nvml::read(const Query& query) const {
     reader.read_memory();
     reader.read_readings();
     reader.read_health();
+    {
+      const std::lock_guard lock(library_->gpm_mutex);
+      reader.read_gpm(library_->gpm_previous[i]);
+    }
     if (query.processes) reader.read_processes();
     state.devices.push_back(std::move(device));
   }

@@ -35,7 +35,8 @@ class Nvml {
     bool processes = true;  // compute processes on each GPU, with user and command from /proc
     bool topology = false;  // GPU-to-GPU paths (NVLink count or PCIe common ancestor)
   };
-  // One reading of every GPU. Without NVML: an empty state carrying library_path and
+  // One reading of every GPU. GPM's activity (Hopper and later) spans two readings, so it
+  // comes from this object's second reading on. Without NVML: an empty state carrying library_path and
   // load_error. A required call that fails (count, handles) is an Error naming the call
   // and NVML's message; an optional one leaves its field empty and is listed in the
   // device's `unavailable`.

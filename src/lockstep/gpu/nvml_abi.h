@@ -221,6 +221,51 @@ typedef nvmlReturn_t (*nvmlDeviceGetGpuFabricInfo_fn)(nvmlDevice_t, nvmlGpuFabri
 typedef nvmlReturn_t (*nvmlDeviceGetProcessUtilization_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t* samples,
                                                            unsigned int* count, unsigned long long last_seen);
 
+// GPU Performance Monitoring (Hopper and later): a sample is a snapshot of the GPU's
+// counters; a metric is computed between two samples (the activity of the time between).
+typedef struct nvmlGpmSample_st* nvmlGpmSample_t;
+enum {
+  NVML_GPM_METRIC_GRAPHICS_UTIL = 1,    // percent of time the graphics engine was active
+  NVML_GPM_METRIC_SM_UTIL = 2,          // percent of SMs active
+  NVML_GPM_METRIC_SM_OCCUPANCY = 3,     // percent of warps resident on the SMs
+  NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5,  // percent of time a tensor pipe was busy
+  NVML_GPM_METRIC_DRAM_BW_UTIL = 10,    // percent of the peak DRAM bandwidth used
+  NVML_GPM_METRIC_FP64_UTIL = 11,
+  NVML_GPM_METRIC_FP32_UTIL = 12,
+  NVML_GPM_METRIC_FP16_UTIL = 13,
+};
+// nvml.h sizes the array by NVML_GPM_METRIC_MAX, which grows with the header (98 in CUDA 12,
+// 333 in CUDA 13): the largest, so no driver writes past it. Only numMetrics entries are read.
+constexpr unsigned kNvmlGpmMetricCapacity = 333;
+#define NVML_GPM_METRICS_GET_VERSION 1
+#define NVML_GPM_SUPPORT_VERSION 1
+typedef struct {
+  unsigned int metricId;
+  nvmlReturn_t nvmlReturn;
+  double value;
+  struct {
+    char* shortName;
+    char* longName;
+    char* unit;
+  } metricInfo;
+} nvmlGpmMetric_t;
+typedef struct {
+  unsigned int version;
+  unsigned int numMetrics;
+  nvmlGpmSample_t sample1;
+  nvmlGpmSample_t sample2;
+  nvmlGpmMetric_t metrics[kNvmlGpmMetricCapacity];
+} nvmlGpmMetricsGet_t;
+typedef struct {
+  unsigned int version;
+  unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+typedef nvmlReturn_t (*nvmlGpmQueryDeviceSupport_fn)(nvmlDevice_t, nvmlGpmSupport_t*);
+typedef nvmlReturn_t (*nvmlGpmSampleAlloc_fn)(nvmlGpmSample_t*);
+typedef nvmlReturn_t (*nvmlGpmSampleFree_fn)(nvmlGpmSample_t);
+typedef nvmlReturn_t (*nvmlGpmSampleGet_fn)(nvmlDevice_t, nvmlGpmSample_t);
+typedef nvmlReturn_t (*nvmlGpmMetricsGet_fn)(nvmlGpmMetricsGet_t*);
+
 }  // extern "C"
 
 // What NVIDIA's nvml.h gives on x86-64 and aarch64 Linux.
@@ -230,3 +275,5 @@ static_assert(sizeof(nvmlProcessInfo_v1_t) == 16 && sizeof(nvmlProcessInfo_t) ==
 static_assert(sizeof(nvmlReturn_t) == 4 && sizeof(nvmlGpuTopologyLevel_t) == 4);
 static_assert(sizeof(nvmlGpuFabricInfo_t) == 28 && offsetof(nvmlGpuFabricInfo_t, state) == 24);
 static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32 && offsetof(nvmlProcessUtilizationSample_t, smUtil) == 16);
+static_assert(sizeof(nvmlGpmMetric_t) == 40 && offsetof(nvmlGpmMetric_t, value) == 8);
+static_assert(offsetof(nvmlGpmMetricsGet_t, sample1) == 8 && offsetof(nvmlGpmMetricsGet_t, metrics) == 24);

@@ -83,6 +83,11 @@ NvmlFunctions NvmlFunctions::resolve(void* library) {
   f.nvlink_remote_type = find<nvmlDeviceGetNvLinkRemoteDeviceType_fn>(library, "nvmlDeviceGetNvLinkRemoteDeviceType");
   f.nvlink_errors = find<nvmlDeviceGetNvLinkErrorCounter_fn>(library, "nvmlDeviceGetNvLinkErrorCounter");
   f.common_ancestor = find<nvmlDeviceGetTopologyCommonAncestor_fn>(library, "nvmlDeviceGetTopologyCommonAncestor");
+  f.gpm_support = find<nvmlGpmQueryDeviceSupport_fn>(library, "nvmlGpmQueryDeviceSupport");
+  f.gpm_sample_alloc = find<nvmlGpmSampleAlloc_fn>(library, "nvmlGpmSampleAlloc");
+  f.gpm_sample_free = find<nvmlGpmSampleFree_fn>(library, "nvmlGpmSampleFree");
+  f.gpm_sample_get = find<nvmlGpmSampleGet_fn>(library, "nvmlGpmSampleGet");
+  f.gpm_metrics_get = find<nvmlGpmMetricsGet_fn>(library, "nvmlGpmMetricsGet");
   return f;
 }
 

@@ -68,6 +68,12 @@ struct NvmlFunctions {
   NvmlEntry<nvmlDeviceGetNvLinkErrorCounter_fn> nvlink_errors;
   NvmlEntry<nvmlDeviceGetTopologyCommonAncestor_fn> common_ancestor;
 
+  NvmlEntry<nvmlGpmQueryDeviceSupport_fn> gpm_support;
+  NvmlEntry<nvmlGpmSampleAlloc_fn> gpm_sample_alloc;
+  NvmlEntry<nvmlGpmSampleFree_fn> gpm_sample_free;
+  NvmlEntry<nvmlGpmSampleGet_fn> gpm_sample_get;
+  NvmlEntry<nvmlGpmMetricsGet_fn> gpm_metrics_get;
+
   // Looks every name up in `library` (a dlopen handle).
   static NvmlFunctions resolve(void* library);
   // "nvmlInit, nvmlDeviceGetCount": what a library must export to be NVML; empty when all are there.

@@ -50,6 +50,14 @@ std::optional<std::string> bytes_per_second(const std::optional<unsigned>& kb_pe
   return kb_per_s ? std::optional<std::string>(std::to_string(uint64_t{*kb_per_s} * 1024)) : std::nullopt;
 }
 
+// GPM's activity as DCGM's profiling fields give it: a ratio, 0 to 1.
+std::optional<std::string> ratio(const gpu::GpuDevice& d, std::optional<double> gpu::GpmActivity::*field) {
+  if (!d.gpm || !(*d.gpm.*field)) return std::nullopt;
+  char out[32];
+  std::snprintf(out, sizeof(out), "%.6f", *(*d.gpm.*field));
+  return out;
+}
+
 template <typename Field>
 std::optional<std::string> nvlink(const gpu::GpuDevice& d, Field field) {
   return d.nvlink_errors ? std::optional<std::string>(std::to_string(field(*d.nvlink_errors))) : std::nullopt;
@@ -103,6 +111,26 @@ const std::vector<Metric>& metrics() {
        [](const gpu::GpuDevice& d) { return text(d.ecc_corrected_volatile); }},
       {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.",
        [](const gpu::GpuDevice& d) { return text(d.ecc_uncorrected_volatile); }},
+      // NVML's GPU Performance Monitoring (Hopper and later) over the time since the
+      // previous sample, where DCGM reads the same counters.
+      {"DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::graphics_engine); }},
+      {"DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::sm); }},
+      {"DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::sm_occupancy); }},
+      {"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::tensor); }},
+      {"DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+       "Ratio of cycles the device memory interface is active sending or "
+       "receiving data.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::dram); }},
+      {"DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the fp64 pipes are active.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::fp64); }},
+      {"DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the fp32 pipes are active.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::fp32); }},
+      {"DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the fp16 pipes are active.",
+       [](const gpu::GpuDevice& d) { return ratio(d, &gpu::GpmActivity::fp16); }},
   };
   return kMetrics;
 }

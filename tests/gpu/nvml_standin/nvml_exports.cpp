@@ -479,3 +479,97 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t h, unsi
     });
   });
 }
+
+// GPM (Hopper and later): GPUs whose profile has a "gpm" object support it. A sample
+// remembers its GPU; a metric between two samples is the profile's next reading of
+// "gpm/<name>" (percent), Not Supported for a name the profile leaves out.
+namespace {
+
+struct GpmSample {
+  Device* device = nullptr;  // set by nvmlGpmSampleGet
+};
+std::vector<GpmSample*> gpm_samples;  // allocated and not freed, under `mutex`
+
+bool known_sample(nvmlGpmSample_t sample) {
+  return std::find(gpm_samples.begin(), gpm_samples.end(), reinterpret_cast<GpmSample*>(sample)) != gpm_samples.end();
+}
+
+const char* gpm_metric_name(unsigned id) {
+  switch (id) {
+    case NVML_GPM_METRIC_GRAPHICS_UTIL:
+      return "graphics_util";
+    case NVML_GPM_METRIC_SM_UTIL:
+      return "sm_util";
+    case NVML_GPM_METRIC_SM_OCCUPANCY:
+      return "sm_occupancy";
+    case NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+      return "any_tensor_util";
+    case NVML_GPM_METRIC_DRAM_BW_UTIL:
+      return "dram_bw_util";
+    case NVML_GPM_METRIC_FP64_UTIL:
+      return "fp64_util";
+    case NVML_GPM_METRIC_FP32_UTIL:
+      return "fp32_util";
+    case NVML_GPM_METRIC_FP16_UTIL:
+      return "fp16_util";
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+STANDIN_EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t h, nvmlGpmSupport_t* support) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (support == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    if (support->version != NVML_GPM_SUPPORT_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    support->isSupportedDevice = d.fields.contains("gpm") ? 1 : 0;
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t* sample) {
+  return system_call(__func__, [&](Profile&) {
+    if (sample == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    gpm_samples.push_back(new GpmSample);
+    *sample = reinterpret_cast<nvmlGpmSample_t>(gpm_samples.back());
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+  return system_call(__func__, [&](Profile&) {
+    if (!known_sample(sample)) return NVML_ERROR_INVALID_ARGUMENT;
+    std::erase(gpm_samples, reinterpret_cast<GpmSample*>(sample));
+    delete reinterpret_cast<GpmSample*>(sample);
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t h, nvmlGpmSample_t sample) {
+  return device_call(__func__, h, [&](Device& d) {
+    if (!known_sample(sample)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d.fields.contains("gpm")) return NVML_ERROR_NOT_SUPPORTED;
+    reinterpret_cast<GpmSample*>(sample)->device = &d;
+    return NVML_SUCCESS;
+  });
+}
+STANDIN_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t* request) {
+  return system_call(__func__, [&](Profile&) {
+    if (request == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    if (request->version != NVML_GPM_METRICS_GET_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!known_sample(request->sample1) || !known_sample(request->sample2)) return NVML_ERROR_INVALID_ARGUMENT;
+    Device* device = reinterpret_cast<GpmSample*>(request->sample1)->device;
+    if (device == nullptr || device != reinterpret_cast<GpmSample*>(request->sample2)->device ||
+        request->sample1 == request->sample2 || request->numMetrics > 98)  // CUDA 12's smallest array
+      return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned k = 0; k < request->numMetrics; ++k) {
+      nvmlGpmMetric_t& metric = request->metrics[k];
+      uint64_t percent = 0;
+      const char* name = gpm_metric_name(metric.metricId);
+      metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+      if (name != nullptr && device->take(std::string("/gpm/") + name, percent)) {
+        metric.value = static_cast<double>(percent);
+        metric.nvmlReturn = NVML_SUCCESS;
+      }
+    }
+    return NVML_SUCCESS;
+  });
+}

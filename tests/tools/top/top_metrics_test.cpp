@@ -55,6 +55,30 @@ TEST(TopMetrics, UsesDcgmExportersNamesLabelsAndUnits) {
   has(std::string("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL") + kLabels0 + " 0");
   EXPECT_NE(text.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-00000001\""), std::string::npos);
   EXPECT_EQ(text.rfind("# HELP DCGM_FI_DEV_SM_CLOCK ", 0), 0u) << text;
+  EXPECT_EQ(text.find("DCGM_FI_PROF_SM_ACTIVE{"), std::string::npos) << "no GPM reading, no profiling field";
+}
+
+// GPM's activity (Hopper and later, from the second reading on) under DCGM's profiling
+// names, as ratios; a metric the GPU does not count is left out.
+TEST(TopMetrics, GpmActivityAsDcgmsProfilingFields) {
+  TopSample sample = top_testing::two_gpu_sample();
+  gpu::GpmActivity activity;
+  activity.graphics_engine = 0.91;
+  activity.sm = 0.875;
+  activity.tensor = 0.5;
+  activity.dram = 0.25;
+  sample.gpus.devices[0].gpm = activity;
+  const std::string text = prometheus_text(sample, "node1");
+  const auto has = [&](const std::string& line) {
+    EXPECT_NE(text.find("\n" + line + "\n"), std::string::npos) << "missing: " << line << "\n" << text;
+  };
+  has("# TYPE DCGM_FI_PROF_SM_ACTIVE gauge");
+  has(std::string("DCGM_FI_PROF_GR_ENGINE_ACTIVE") + kLabels0 + " 0.910000");
+  has(std::string("DCGM_FI_PROF_SM_ACTIVE") + kLabels0 + " 0.875000");
+  has(std::string("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") + kLabels0 + " 0.500000");
+  has(std::string("DCGM_FI_PROF_DRAM_ACTIVE") + kLabels0 + " 0.250000");
+  EXPECT_EQ(text.find("DCGM_FI_PROF_PIPE_FP64_ACTIVE{"), std::string::npos) << "not counted, not served";
+  EXPECT_EQ(text.find("DCGM_FI_PROF_SM_ACTIVE{gpu=\"1\""), std::string::npos) << "GPU 1 has no GPM reading";
 }
 
 TEST(TopMetrics, LeavesOutReadingsNvmlCouldNotGiveAndEscapesLabels) {
