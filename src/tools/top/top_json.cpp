@@ -14,6 +14,20 @@ nlohmann::json watts(const std::optional<unsigned>& milliwatts) {
   return milliwatts ? nlohmann::json(*milliwatts / 1000.0) : nlohmann::json(nullptr);
 }
 
+// GPM's activity since the previous sample as fractions; null before the second sample and
+// on GPUs without GPM.
+nlohmann::json gpm_json(const std::optional<gpu::GpmActivity>& gpm) {
+  if (!gpm) return nullptr;
+  return {{"graphics_engine", or_null(gpm->graphics_engine)},
+          {"sm", or_null(gpm->sm)},
+          {"sm_occupancy", or_null(gpm->sm_occupancy)},
+          {"tensor", or_null(gpm->tensor)},
+          {"dram", or_null(gpm->dram)},
+          {"fp64", or_null(gpm->fp64)},
+          {"fp32", or_null(gpm->fp32)},
+          {"fp16", or_null(gpm->fp16)}};
+}
+
 nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned> cuda_index) {
   nlohmann::json processes = nlohmann::json::array();
   for (const gpu::GpuProcess& p : device.processes) {
@@ -53,6 +67,7 @@ nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned>
           {"throttle_reasons", device.throttle_reasons
                                    ? nlohmann::json(gpu::throttle_reason_names(*device.throttle_reasons))
                                    : nlohmann::json(nullptr)},
+          {"gpm", gpm_json(device.gpm)},
           {"processes", processes},
           {"unavailable", device.unavailable}};
 }

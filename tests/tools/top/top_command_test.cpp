@@ -169,6 +169,23 @@ TEST(TopCommand, JsonOnTheStandinMatchesTheProfile) {
       << "uuid not from the profile";
 }
 
+// GPM's activity (the H100s') is in --json from the second sample on, as fractions of the
+// profile's percents; null in the first, and on GPUs without GPM.
+TEST(TopCommand, GpmActivityFromTheSecondSampleOn) {
+  const Result r = top(standin("h100-8x.json"), "--json --count 2 -l 0.05");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  EXPECT_TRUE(nlohmann::json::parse(lines[0])["gpus"][0]["gpm"].is_null()) << lines[0];
+  const auto gpm = nlohmann::json::parse(lines[1])["gpus"][0]["gpm"];
+  ASSERT_TRUE(gpm.is_object()) << lines[1];
+  EXPECT_DOUBLE_EQ(gpm["sm"].get<double>(), 0.02);  // the profile's first sm_util, 2%
+  EXPECT_DOUBLE_EQ(gpm["dram"].get<double>(), 0.04);
+  EXPECT_TRUE(gpm["fp64"].is_null()) << "not in the profile: not counted";
+  const Result a100 = top(standin("a100-8x-nvlink.json"), "--json --count 2 -l 0.05");
+  EXPECT_TRUE(nlohmann::json::parse(lines_of(a100.output).at(1))["gpus"][0]["gpm"].is_null()) << a100.output;
+}
+
 // Xid reports in the kernel log (a fake one, LOCKSTEP_TOP_KERNEL_LOG) reach the GPU of their
 // PCI bus id: an alert in the view, figures in --json.
 TEST(TopCommand, XidErrorsInTheKernelLogReachTheirGpu) {
