@@ -48,6 +48,7 @@
 #include "tools/common/path_lookup.h"
 #include "tools/common/run_dir.h"
 #include "tools/run/hang_verdict.h"
+#include "tools/run/lost_peer.h"
 #include "tools/run/node_group.h"
 #include "tools/run/ramp.h"
 #include "tools/run/run_gpus.h"
@@ -164,16 +165,22 @@ int port_of_job(const std::string& job_id) {
   std::abort();
 }
 
-// The failure to name: the first seen, unless its rank's record holds a communication error
-// (its collective failed when a peer gave up) and a rank that failed of its own accord
-// (no such error: an exception of its own code, a signal) followed it.
+// Whether a failed rank's failure followed another's: its flight record holds a
+// communication error (its collective failed when a peer gave up), or its error file says
+// that a connection to a peer was lost (a PyTorch rank's gloo or NCCL error).
+bool followed_a_peer(const WorkerExit& e, const std::vector<std::optional<comm::FlightReport>>& reports,
+                     const std::vector<WorkerSpec>& specs, int first_rank) {
+  const size_t index = static_cast<size_t>(e.rank - first_rank);
+  if (index < reports.size() && reports[index] && !reports[index]->failure.empty()) return true;
+  return index < specs.size() && reports_a_lost_peer(read_error_file(specs[index].env.at(kErrorFileVariable)).message);
+}
+
+// The failure to name: the first seen, unless it followed a peer's and a rank that failed of
+// its own accord (an exception of its own code, a signal) came after it.
 WorkerExit cause_of(const std::vector<WorkerExit>& failures,
-                    const std::vector<std::optional<comm::FlightReport>>& reports, const WorkerExit& first,
-                    int first_rank) {
-  auto of_its_own = [&](const WorkerExit& e) {
-    const size_t index = static_cast<size_t>(e.rank - first_rank);
-    return index >= reports.size() || !reports[index] || reports[index]->failure.empty();
-  };
+                    const std::vector<std::optional<comm::FlightReport>>& reports, const std::vector<WorkerSpec>& specs,
+                    const WorkerExit& first, int first_rank) {
+  auto of_its_own = [&](const WorkerExit& e) { return !followed_a_peer(e, reports, specs, first_rank); };
   if (of_its_own(first)) return first;
   for (const WorkerExit& e : failures) {
     if (of_its_own(e)) return e;
@@ -311,16 +318,23 @@ Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& sec
     hung = progress > 0 && static_cast<double>(comm::unix_ms_now() - progress) > o.hang_seconds * 1e3;
     return hung;
   };
+  // Tells the other nodes what failed here, once.
+  bool nodes_told = false;
+  auto tell_nodes = [&](const std::string& what) {
+    if (nodes == nullptr || nodes_told) return;
+    nodes->fail(attempt, "node " + std::to_string(o.node_rank) + ": " + what);
+    nodes_told = true;
+  };
   hooks.before_stop = [&](const WorkerExit& first) {
     if (first.rank < 0 && !hung) return;  // stopped by a signal to the launcher, or by another node
-    if (nodes != nullptr) {
-      const std::string node = "node " + std::to_string(o.node_rank);
-      nodes->fail(attempt, hung ? node + ": no rank has made progress for " + o.hang_timeout
-                                : node + ": rank " + std::to_string(first.rank) + " failed (" + first.describe() + ")");
-    }
+    if (hung) tell_nodes("no rank has made progress for " + o.hang_timeout);
     // The survivors' records catch up with the failure (they are written five times a second).
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     reports = read_flight_reports(flight_dir, o.first_rank(), workers);
+    // A rank that lost a peer is not the cause: the other nodes hear once the group has
+    // stopped and the rank that started it is known.
+    if (!hung && !followed_a_peer(first, reports, specs, o.first_rank()))
+      tell_nodes("rank " + std::to_string(first.rank) + " failed (" + first.describe() + ")");
   };
   const WorkerExit failure = group.run(g_interrupted, g_stop_signal,
                                        std::chrono::milliseconds(static_cast<int64_t>(o.grace_seconds * 1e3)), hooks);
@@ -345,7 +359,8 @@ Attempt run_attempt(const RunOptions& o, int64_t attempt, const std::string& sec
     }
     return {.gpu_utilization = utilization.mean()};
   }
-  const WorkerExit blamed = cause_of(group.early_failures(), reports, failure, o.first_rank());
+  const WorkerExit blamed = cause_of(group.early_failures(), reports, specs, failure, o.first_rank());
+  if (!hung) tell_nodes("rank " + std::to_string(blamed.rank) + " failed (" + blamed.describe() + ")");
   const std::string verdict = hang_verdict(reports, hung ? -1 : blamed.rank, hung ? "" : blamed.describe(),
                                            comm::unix_ms_now(), o.first_rank());
   report_failure(o, group, specs, failure, blamed, hung, verdict, flight_dir);

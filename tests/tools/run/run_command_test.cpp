@@ -17,6 +17,7 @@
 
 #include "lockstep/core/device.h"
 #include "tools/common/command_testing.h"
+#include "tools/run/lost_peer.h"
 
 namespace lockstep {
 namespace {
@@ -85,6 +86,42 @@ TEST_F(RunCommand, AFailedWorkerStopsTheOthersAndIsNamed) {
 }
 
 // SIGTERM to the launcher reaches every worker; SIGKILL to it takes them down with it, and
+
+// Rank 1 raises; rank 0, whose gloo connection to it closes, exits first. The launcher
+// names rank 1 from the error files torchrun's @record leaves: rank 0's says it lost a peer.
+TEST_F(RunCommand, ARankThatLostItsPeerIsNotBlamed) {
+  const std::string raised = (root_ / "raised").string();
+  auto error_json = [](const std::string& message) {
+    return "echo \"{\\\"message\\\": {\\\"message\\\": \\\"" + message + "\\\"}}\" > $TORCHELASTIC_ERROR_FILE";
+  };
+  const Result r = launch(
+      "-n 2 --grace 2 -- sh -c '"
+      "if [ $RANK = 1 ]; then " +
+      error_json("ValueError: rank 1 gives up") + "; touch " + raised +
+      "; sleep 0.2; exit 1; fi; "
+      "while [ ! -e " +
+      raised + " ]; do sleep 0.02; done; " +
+      error_json("RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                 "[127.0.0.1]:40123") +
+      "; exit 1'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed (exit code 1), and rank 0's failure followed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("its error: ValueError: rank 1 gives up"), std::string::npos) << r.output;
+}
+
+TEST(LostPeer, TheCommunicationLibrariesErrorsForAPeerThatWentAway) {
+  for (const char* error : {"RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+                            "peer [10.0.0.2]:21354",
+                            "RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection reset by peer",
+                            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote "
+                            "process exited or there was a network error, NCCL version 2.21.5",
+                            "DistNetworkError: Broken pipe"}) {
+    EXPECT_TRUE(tools::reports_a_lost_peer(error)) << error;
+  }
+  for (const char* error : {"ValueError: rank 3 gives up", "RuntimeError: CUDA out of memory", ""}) {
+    EXPECT_FALSE(tools::reports_a_lost_peer(error)) << error;
+  }
+}
 // what they started too (a shell's child in the background).
 TEST_F(RunCommand, NoWorkerOutlivesTheLauncher) {
   for (const int signal : {SIGTERM, SIGKILL}) {
