@@ -249,9 +249,10 @@ MachineProfile this_host_gpu_profile(const gpu::GpuState& state, int devices) {
   machine.name = "this-host";
   machine.devices = devices;
   const auto cap = static_cast<double>(cuda::device_memory_limit());
-  if (cap > 0 && cap < machine.memory_bytes) machine.memory_bytes = cap;
+  const bool capped = cap > 0 && cap < machine.memory_bytes;
+  if (capped) machine.memory_bytes = cap;
   machine.description = std::to_string(devices) + "x " + state.devices.front().name + " on this host" +
-                        (cap > 0 ? " (LOCKSTEP_CUDA_DEVICE_MEMORY caps each)" : "");
+                        (capped ? " (LOCKSTEP_CUDA_DEVICE_MEMORY caps each)" : "");
   return machine;
 }
 

@@ -38,6 +38,16 @@ TEST(ThisHostGpuProfile, TheCudaMemoryCapIsWhatEachHas) {
   EXPECT_NE(machine.description.find("LOCKSTEP_CUDA_DEVICE_MEMORY"), std::string::npos) << machine.description;
 }
 
+// A cap above the GPU's memory changes nothing, and the description does not claim it does.
+TEST(ThisHostGpuProfile, ACapAboveTheGpusMemoryIsNotMentioned) {
+  const gpu::GpuState state = h100s();
+  cuda::set_device_memory_limit(int64_t{1} << 40);
+  const MachineProfile machine = this_host_gpu_profile(state, 1);
+  cuda::set_device_memory_limit(0);
+  EXPECT_DOUBLE_EQ(machine.memory_bytes, static_cast<double>(state.devices[0].memory_total));
+  EXPECT_EQ(machine.description.find("LOCKSTEP_CUDA_DEVICE_MEMORY"), std::string::npos) << machine.description;
+}
+
 TEST(ThisHostGpuProfile, NoGpuIsAnError) {
   gpu::GpuState none;
   none.load_error = "libnvidia-ml.so.1: cannot open shared object file";
