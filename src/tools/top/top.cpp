@@ -3,6 +3,7 @@
 //
 //   lockstep top [-l SECONDS] [--once] [--json] [--count N] [--log FILE.csv|FILE.jsonl] [--serve [HOST]:PORT]
 //   lockstep top [-i IDS] --query-gpu=FIELDS --format=csv[,noheader][,nounits] [-l SECONDS]
+//   lockstep top [-i IDS] --query-compute-apps=FIELDS --format=csv[,noheader][,nounits] [-l SECONDS]
 //
 // On a terminal: the full-screen view with history sparklines (q or Ctrl-C quits). Into a
 // pipe or file: a plain block per sample. Without NVML: the CPU cores and host memory.
@@ -33,6 +34,7 @@
 #include "tools/top/top_log.h"
 #include "tools/top/top_metrics.h"
 #include "tools/top/top_query.h"
+#include "tools/top/top_query_apps.h"
 #include "tools/top/top_terminal.h"
 #include "tools/top/top_view.h"
 
@@ -147,6 +149,7 @@ int top_main(const std::vector<std::string>& args) {
               "(the CPU cores and memory on a host with no NVIDIA driver):\n"
               "  lockstep top [-l SECONDS] [--once] [--json] [--count N] [--log FILE.csv|FILE.jsonl] [--serve :PORT]\n"
               "  lockstep top [-i IDS] --query-gpu=index,name,memory.used --format=csv[,noheader][,nounits]\n"
+              "  lockstep top [-i IDS] --query-compute-apps=pid,process_name,used_memory --format=csv\n"
               "Full screen on a terminal (q quits), plain lines into a pipe or file.");
   flags.add("interval", &options.interval, "seconds between samples, fractions allowed (-l, like nvidia-smi -l)");
   flags.add_switch("once", &once, "one sample, plain output, then exit");
@@ -154,19 +157,29 @@ int top_main(const std::vector<std::string>& args) {
   flags.add("count", &options.count, "stop after this many samples (default 0: until q or Ctrl-C)");
   flags.add("log", &options.log_path, "append every sample to FILE.csv or FILE.jsonl (the extension picks)");
   flags.add("serve", &options.serve, "Prometheus metrics on GET /metrics at [HOST]:PORT, dcgm-exporter's names");
-  std::string ids, query, format;
+  std::string ids, gpu_query, apps_query, format;
   flags.add("id", &ids, "only these GPUs: NVML indices, UUIDs or PCI bus ids, comma-separated (-i, like nvidia-smi)");
-  flags.add("query-gpu", &query,
+  flags.add("query-gpu", &gpu_query,
             "nvidia-smi's query: --query-gpu=index,name,utilization.gpu,memory.used (with --format); once unless -l");
-  flags.add("format", &format, "for --query-gpu: csv, csv,noheader, csv,nounits or csv,noheader,nounits");
+  flags.add("query-compute-apps", &apps_query,
+            "nvidia-smi's query of the compute processes: --query-compute-apps=pid,process_name,used_memory (with "
+            "--format); once unless -l");
+  flags.add("format", &format,
+            "for --query-gpu and --query-compute-apps: csv, csv,noheader, csv,nounits or csv,noheader,nounits");
   if (!flags.parse(long_flags(args))) return 0;
-  if (!query.empty() && format.empty()) throw UsageError("--query-gpu needs --format, like --format=csv");
-  if (query.empty() && !format.empty()) throw UsageError("--format goes with --query-gpu");
-  const std::vector<QueryField> fields = query.empty() ? std::vector<QueryField>() : parse_query_fields(query);
+  if (!gpu_query.empty() && !apps_query.empty())
+    throw UsageError("--query-gpu and --query-compute-apps print different lines: give one of them");
+  const std::string query = !gpu_query.empty() ? gpu_query : apps_query;
+  const std::string query_flag = !gpu_query.empty() ? "--query-gpu" : "--query-compute-apps";
+  if (!query.empty() && format.empty()) throw UsageError(query_flag + " needs --format, like --format=csv");
+  if (query.empty() && !format.empty()) throw UsageError("--format goes with --query-gpu or --query-compute-apps");
+  const std::vector<QueryField> fields = !gpu_query.empty()    ? parse_query_fields(gpu_query)
+                                         : !apps_query.empty() ? parse_compute_app_fields(apps_query)
+                                                               : std::vector<QueryField>();
   const QueryFormat query_format = format.empty() ? QueryFormat{} : parse_query_format(format);
   if (!query.empty()) {
     if (flags.given("once") || flags.given("json") || flags.given("serve")) {
-      throw UsageError("--query-gpu prints its own lines: leave out --once, --json and --serve");
+      throw UsageError(query_flag + " prints its own lines: leave out --once, --json and --serve");
     }
     if (!flags.given("interval") && !flags.given("count")) options.count = 1;  // nvidia-smi: once, unless -l
   }
@@ -208,12 +221,13 @@ int top_main(const std::vector<std::string>& args) {
     };
     if (!query.empty()) {
       if (!sample.shows_gpus()) {
-        std::fprintf(stderr, "lockstep top: --query-gpu: no GPU to query (%s)\n",
+        std::fprintf(stderr, "lockstep top: %s: no GPU to query (%s)\n", query_flag.c_str(),
                      sample.gpus.loaded() ? "NVML lists none" : sample.gpus.load_error.c_str());
         return 6;  // nvidia-smi's "a query to find an object was unsuccessful"
       }
       print((taken == 1 && query_format.header ? query_header(fields, query_format) : "") +
-            query_rows(sample, fields, query_format));
+            (!gpu_query.empty() ? query_rows(sample, fields, query_format)
+                                : compute_app_rows(sample, fields, query_format)));
     } else if (terminal) {
       draw();
     } else if (options.json) {

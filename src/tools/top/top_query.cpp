@@ -64,13 +64,6 @@ std::string trimmed(const std::string& text) {
   return begin == std::string::npos ? "" : text.substr(begin, end - begin + 1);
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> parts;
-  std::istringstream in(text);
-  for (std::string part; std::getline(in, part, ',');) parts.push_back(trimmed(part));
-  return parts;
-}
-
 const std::string kNotAvailable = "[N/A]";
 
 template <typename T>
@@ -91,19 +84,8 @@ std::string mib(const gpu::GpuDevice& d, uint64_t bytes, bool units) {
   return std::to_string(bytes / kMiB) + (units ? " MiB" : "");
 }
 
-std::string timestamp(std::chrono::system_clock::time_point when) {
-  const std::time_t seconds = std::chrono::system_clock::to_time_t(when);
-  std::tm local{};
-  localtime_r(&seconds, &local);
-  char text[64];
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count() % 1000;
-  std::snprintf(text, sizeof(text), "%04d/%02d/%02d %02d:%02d:%02d.%03lld", local.tm_year + 1900, local.tm_mon + 1,
-                local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec, static_cast<long long>(ms));
-  return text;
-}
-
 std::string value_of(const TopSample& sample, const gpu::GpuDevice& d, const std::string& field, bool units) {
-  if (field == "timestamp") return timestamp(sample.taken);
+  if (field == "timestamp") return query_timestamp(sample.taken);
   if (field == "driver_version") return sample.gpus.driver_version;
   if (field == "count") return std::to_string(sample.gpus.devices.size());
   if (field == "name") return d.name;
@@ -144,9 +126,27 @@ std::string value_of(const TopSample& sample, const gpu::GpuDevice& d, const std
 
 }  // namespace
 
+std::vector<std::string> query_list(const std::string& text) {
+  std::vector<std::string> parts;
+  std::istringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) parts.push_back(trimmed(part));
+  return parts;
+}
+
+std::string query_timestamp(std::chrono::system_clock::time_point when) {
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(when);
+  std::tm local{};
+  localtime_r(&seconds, &local);
+  char text[64];
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count() % 1000;
+  std::snprintf(text, sizeof(text), "%04d/%02d/%02d %02d:%02d:%02d.%03lld", local.tm_year + 1900, local.tm_mon + 1,
+                local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec, static_cast<long long>(ms));
+  return text;
+}
+
 std::vector<QueryField> parse_query_fields(const std::string& text) {
   std::vector<QueryField> fields;
-  for (const std::string& name : split(text)) {
+  for (const std::string& name : query_list(text)) {
     std::string lower = name;
     for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     const auto it = known_fields().find(lower);
@@ -163,7 +163,7 @@ std::vector<QueryField> parse_query_fields(const std::string& text) {
 }
 
 QueryFormat parse_query_format(const std::string& text) {
-  const std::vector<std::string> parts = split(text);
+  const std::vector<std::string> parts = query_list(text);
   if (parts.empty() || parts[0] != "csv") {
     throw UsageError("--format '" + text + "': the format is csv, with noheader and nounits if wanted (csv,noheader)");
   }
@@ -204,7 +204,7 @@ std::string query_rows(const TopSample& sample, const std::vector<QueryField>& f
 
 std::vector<unsigned> select_gpus(const gpu::GpuState& gpus, const std::string& ids) {
   std::vector<unsigned> chosen;
-  for (const std::string& id : split(ids)) {
+  for (const std::string& id : query_list(ids)) {
     const auto match = std::find_if(gpus.devices.begin(), gpus.devices.end(), [&](const gpu::GpuDevice& d) {
       return std::to_string(d.index) == id || d.uuid == id ||
              (!d.pci_bus_id.empty() && gpu::normalize_pci_bus_id(d.pci_bus_id) == gpu::normalize_pci_bus_id(id));

@@ -5,6 +5,7 @@
 // header and the units as it prints them, "[N/A]" for a reading the GPU does not give.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,11 @@ struct QueryFormat {
   bool header = true;
   bool units = true;
 };
+
+// "a, b ,c" -> {"a", "b", "c"}: the comma-separated lists of --query-* and --format.
+std::vector<std::string> query_list(const std::string& text);
+// A sample's time as nvidia-smi's timestamp field prints it: "2024/05/01 12:00:00.123".
+std::string query_timestamp(std::chrono::system_clock::time_point when);
 
 // "index,name,memory.used" -> the fields; UsageError naming a field nvidia-smi would not take.
 std::vector<QueryField> parse_query_fields(const std::string& text);

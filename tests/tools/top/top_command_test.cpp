@@ -133,6 +133,21 @@ TEST(TopCommand, QueryGpuPrintsNvidiaSmisCsvOnce) {
   EXPECT_EQ(rows[2], "0, 99");  // the profile's second reading of GPU 0
 }
 
+// --query-compute-apps: the profile's four processes (shared-server.json), GPUs in order;
+// "self" is this top itself, whose name NVML gives as its executable.
+TEST(TopCommand, QueryComputeAppsPrintsNvidiaSmisCsv) {
+  const Result r = top(standin("shared-server.json"),
+                       "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory --format=csv,nounits");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 5u) << r.output;
+  EXPECT_EQ(lines[0], "gpu_bus_id, pid, process_name, used_gpu_memory");  // nounits: none in the header
+  EXPECT_EQ(lines[1], "00000000:01:00.0, 2814467, [Not Found], " + std::to_string(42163240960 / (1 << 20)));
+  EXPECT_NE(lines[4].find(", " + std::string(kBinary) + ", 1024"), std::string::npos) << lines[4];
+  EXPECT_EQ(top(standin("shared-server.json"), "--query-compute-apps=pid --query-gpu=index --format=csv").exit_code, 2);
+  EXPECT_EQ(top(standin("shared-server.json"), "--query-compute-apps=pid").exit_code, 2);
+}
+
 TEST(TopCommand, IdSelectsTheGpusOfTheViewAndRefusesOnesThatAreNotThere) {
   const Result r = top(standin("shared-server.json"), "-i 1 --once");
   ASSERT_EQ(r.exit_code, 0) << r.output;
