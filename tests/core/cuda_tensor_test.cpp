@@ -13,6 +13,7 @@
 #include "lockstep/core/allocator.h"
 #include "lockstep/core/cuda_device.h"
 #include "lockstep/core/tensor.h"
+#include "lockstep/ops/elementwise.h"
 #include "testing/devices.h"
 
 namespace lockstep {
@@ -90,6 +91,32 @@ TEST(CudaTensor, RoundTripsEveryDtype) {
     EXPECT_EQ(device.device(), kCuda0);
     EXPECT_EQ(bytes_of(device.to(Device::cpu())), bytes_of(host)) << dtype_name(dtype);
   }
+}
+
+// Host-to-device copies are only queued (through pinned staging blocks): the host buffer may
+// change at once, many copies may be in flight behind a long kernel, and each still lands
+// with the bytes it had when it was asked for. A staging block served again too early would
+// give a later copy's bytes to an earlier one.
+TEST(CudaTensor, QueuedUploadsKeepTheBytesTheyWereGiven) {
+  LOCKSTEP_SKIP_UNLESS_DEVICE(kCuda0);
+  // Work for the stream, so the uploads queue behind it.
+  Tensor busy = Tensor::full({1 << 22}, 1.0, DType::f32).to(kCuda0);
+  for (int i = 0; i < 20; ++i) busy = busy * busy;
+  Tensor host = Tensor::empty({3, 1000}, DType::f32);
+  std::vector<Tensor> uploads;
+  for (int i = 0; i < 64; ++i) {
+    host.fill(static_cast<double>(i));
+    uploads.push_back(host.to(kCuda0));  // the next fill overwrites the host buffer at once
+  }
+  // Larger than a staging block's limit: the driver's waiting path.
+  const std::vector<double> big_values = random_values((int64_t{80} << 20) / 4, 3);
+  const Tensor big = Tensor::from_vector<double>(big_values, {static_cast<int64_t>(big_values.size())}).to(DType::f32);
+  const Tensor big_device = big.to(kCuda0);
+  for (int i = 0; i < 64; ++i) {
+    const Tensor back = uploads[static_cast<size_t>(i)].to(Device::cpu());
+    EXPECT_EQ(bytes_of(back), bytes_of(Tensor::full({3, 1000}, static_cast<double>(i), DType::f32))) << "upload " << i;
+  }
+  EXPECT_EQ(bytes_of(big_device.to(Device::cpu())), bytes_of(big));
 }
 
 TEST(CudaTensor, ConvertsOnTheGpuAsTheCpuDoes) {

@@ -87,16 +87,23 @@ int physical_device(Device device) {
 }
 
 cudaStream_t stream(Device device) {
+  // Every op asks for its stream: each thread keeps the ones it has seen, so only its first
+  // use of a device takes the lock (the streams themselves are one per device, shared).
+  thread_local std::vector<cudaStream_t> seen;
+  const auto index = static_cast<size_t>(device.index());
+  if (device.is_cuda() && index < seen.size() && seen[index] != nullptr) return seen[index];
   static std::mutex mutex;
   static auto* streams = new std::vector<cudaStream_t>();  // never freed: tensors outlive statics
   physical_device(device);                                 // a clear error for a device that does not exist
   std::lock_guard<std::mutex> lock(mutex);
   if (streams->empty()) streams->resize(static_cast<size_t>(device_count()), nullptr);
-  cudaStream_t& s = (*streams)[static_cast<size_t>(device.index())];
+  cudaStream_t& s = (*streams)[index];
   if (s == nullptr) {
     const DeviceScope scope(device);  // a stream belongs to the GPU current at its creation
     LOCKSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   }
+  if (seen.size() <= index) seen.resize(index + 1, nullptr);
+  seen[index] = s;
   return s;
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "lockstep/core/cuda/copy_kernels.h"
+#include "lockstep/core/cuda/pinned_staging.h"
 #include "lockstep/core/cuda/runtime.h"
 
 namespace lockstep::cuda {
@@ -93,6 +94,12 @@ void copy_tensor(const Tensor& src, const Tensor& dst) {
         dst.is_contiguous() && dst.dtype() == src.dtype() ? dst : Tensor::empty(src.shape(), src.dtype(), to);
     const cudaStream_t s = stream(to);
     DeviceScope scope(to);
+    if (host.nbytes() <= kMaxStagedCopyBytes) {
+      // Through a pinned block: queued behind the stream's work, with no wait for it.
+      copy_to_device_staged(staged.data_ptr(), host.data_ptr(), host.nbytes(), s);
+      if (!staged.is_same(dst)) copy_on_device(staged, dst);
+      return;
+    }
     LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(staged.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice, s));
     if (!staged.is_same(dst)) copy_on_device(staged, dst);
     LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffer may be freed on return

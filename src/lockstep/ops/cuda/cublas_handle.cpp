@@ -46,14 +46,20 @@ void check_cublas(cublasStatus_t status, const char* call) {
 
 cublasHandle_t cublas_handle(Device device) {
   LOCKSTEP_CHECK(device.is_cuda()) << "cuBLAS handles exist for cuda devices only, not " << device;
+  // Each thread keeps the handles it has seen: only its first product on a device locks.
+  thread_local std::vector<cublasHandle_t> seen;
+  const auto index = static_cast<size_t>(device.index());
+  if (index < seen.size() && seen[index] != nullptr) return seen[index];
   static std::mutex mutex;
   static auto* handles = new std::vector<cublasHandle_t>();  // never freed: tensors outlive statics
   const int count = lockstep::cuda::device_count();
   lockstep::cuda::physical_device(device);  // throws, naming the visible devices, for a bad index
   std::lock_guard<std::mutex> lock(mutex);
   if (handles->empty()) handles->resize(static_cast<size_t>(count), nullptr);
-  cublasHandle_t& handle = (*handles)[static_cast<size_t>(device.index())];
+  cublasHandle_t& handle = (*handles)[index];
   if (handle == nullptr) handle = make_handle(device);
+  if (seen.size() <= index) seen.resize(index + 1, nullptr);
+  seen[index] = handle;
   return handle;
 }
 
