@@ -11,8 +11,7 @@
 
 namespace lockstep {
 
-// `text` as bytes: digits, a fraction allowed, with an optional K, M, G or T (alone, or
-// with "B" or "iB"; all binary). An Error naming `variable` when it is not a size.
+// `text` as bytes (memory_size.h's grammar); an Error naming `variable` when it is not a size.
 int64_t parse_memory_size(const char* text, const char* variable);
 
 class DeviceMemoryLimit {

@@ -1,46 +1,16 @@
 #include "tools/common/byte_size.h"
 
-#include <cctype>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/memory_size.h"
 
 namespace lockstep::tools {
 
 uint64_t parse_byte_size(const std::string& text, const std::string& flag) {
-  const auto bad = [&] {
-    return UsageError(flag + " takes a size like 10G, 512M, 1.5GiB or a byte count; got '" + text + "'");
-  };
-  char* end = nullptr;
-  const double number = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || !std::isfinite(number) || number < 0 ||
-      !std::isdigit(static_cast<unsigned char>(text[0]))) {
-    throw bad();
-  }
-  std::string suffix(end);
-  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (suffix.size() > 1 && (suffix.ends_with("IB") || suffix.ends_with("B"))) {
-    suffix.resize(suffix.size() - (suffix.ends_with("IB") ? 2 : 1));
-  } else if (suffix == "B") {
-    suffix.clear();
-  }
-  int shift = 0;
-  if (suffix == "K") {
-    shift = 10;
-  } else if (suffix == "M") {
-    shift = 20;
-  } else if (suffix == "G") {
-    shift = 30;
-  } else if (suffix == "T") {
-    shift = 40;
-  } else if (!suffix.empty()) {
-    throw bad();
-  }
-  const double bytes = std::ldexp(number, shift);
-  if (bytes >= 0x1p63) throw bad();
-  return static_cast<uint64_t>(std::llround(bytes));
+  const std::optional<int64_t> bytes = memory_size(text);
+  if (!bytes) throw UsageError(flag + " takes a size like 10G, 512M, 1.5GiB or a byte count; got '" + text + "'");
+  return static_cast<uint64_t>(*bytes);
 }
 
 std::string format_bytes(uint64_t bytes) {

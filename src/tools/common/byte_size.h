@@ -1,5 +1,5 @@
-// Memory sizes on the command line: "10G", "10GiB", "512M", "1.5g", "4096" (bytes).
-// Suffixes are binary (K = 1024), as nvidia-smi's MiB and free(1) -h read them.
+// Memory sizes on the command line ("10G", "10GiB", "512M", "1.5g", "4096": the grammar of
+// core/memory_size.h), and printed back.
 #pragma once
 
 #include <cstdint>
