@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -144,22 +145,31 @@ std::string query_timestamp(std::chrono::system_clock::time_point when) {
   return text;
 }
 
-std::vector<QueryField> parse_query_fields(const std::string& text) {
+std::vector<QueryField> lookup_query_fields(const std::string& text, const std::map<std::string, QueryField>& known,
+                                            const std::function<std::string(const std::string&)>& unknown,
+                                            const std::string& none) {
   std::vector<QueryField> fields;
   for (const std::string& name : query_list(text)) {
     std::string lower = name;
     for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    const auto it = known_fields().find(lower);
-    if (it == known_fields().end()) {
-      throw UsageError("--query-gpu: field \"" + name +
-                       "\" is not a valid field to query (or one lockstep top does not read); fields: index, name, "
-                       "uuid, pci.bus_id, utilization.gpu, utilization.memory, memory.total, memory.used, "
-                       "memory.free, temperature.gpu, power.draw, power.limit, clocks.sm, clocks.max.sm, ...");
-    }
+    const auto it = known.find(lower);
+    if (it == known.end()) throw UsageError(unknown(name));
     fields.push_back(it->second);
   }
-  if (fields.empty()) throw UsageError("--query-gpu needs fields, like --query-gpu=index,name,memory.used");
+  if (fields.empty()) throw UsageError(none);
   return fields;
+}
+
+std::vector<QueryField> parse_query_fields(const std::string& text) {
+  return lookup_query_fields(
+      text, known_fields(),
+      [](const std::string& name) {
+        return "--query-gpu: field \"" + name +
+               "\" is not a valid field to query (or one lockstep top does not read); fields: index, name, uuid, "
+               "pci.bus_id, utilization.gpu, utilization.memory, memory.total, memory.used, memory.free, "
+               "temperature.gpu, power.draw, power.limit, clocks.sm, clocks.max.sm, ...";
+      },
+      "--query-gpu needs fields, like --query-gpu=index,name,memory.used");
 }
 
 QueryFormat parse_query_format(const std::string& text) {

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,12 @@ struct QueryFormat {
 std::vector<std::string> query_list(const std::string& text);
 // A sample's time as nvidia-smi's timestamp field prints it: "2024/05/01 12:00:00.123".
 std::string query_timestamp(std::chrono::system_clock::time_point when);
+
+// The fields `text` lists, looked up in any case in `known` (its names and aliases); the
+// UsageError unknown(name) for a name it lacks, and `none` for an empty list.
+std::vector<QueryField> lookup_query_fields(const std::string& text, const std::map<std::string, QueryField>& known,
+                                            const std::function<std::string(const std::string&)>& unknown,
+                                            const std::string& none);
 
 // "index,name,memory.used" -> the fields; UsageError naming a field nvidia-smi would not take.
 std::vector<QueryField> parse_query_fields(const std::string& text);

@@ -1,9 +1,6 @@
 #include "tools/top/top_query_apps.h"
 
-#include <cctype>
 #include <map>
-
-#include "lockstep/core/error.h"
 
 namespace lockstep::tools {
 namespace {
@@ -45,21 +42,14 @@ std::string value_of(const TopSample& sample, const gpu::GpuDevice& d, const gpu
 }  // namespace
 
 std::vector<QueryField> parse_compute_app_fields(const std::string& text) {
-  std::vector<QueryField> fields;
-  for (const std::string& name : query_list(text)) {
-    std::string lower = name;
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    const auto it = known_fields().find(lower);
-    if (it == known_fields().end()) {
-      throw UsageError("--query-compute-apps: field \"" + name +
-                       "\" is not a valid field to query; fields: timestamp, gpu_name, gpu_bus_id, gpu_uuid, pid, "
-                       "process_name (name), used_gpu_memory (used_memory)");
-    }
-    fields.push_back(it->second);
-  }
-  if (fields.empty())
-    throw UsageError("--query-compute-apps needs fields, like --query-compute-apps=pid,process_name,used_memory");
-  return fields;
+  return lookup_query_fields(
+      text, known_fields(),
+      [](const std::string& name) {
+        return "--query-compute-apps: field \"" + name +
+               "\" is not a valid field to query; fields: timestamp, gpu_name, gpu_bus_id, gpu_uuid, pid, "
+               "process_name (name), used_gpu_memory (used_memory)";
+      },
+      "--query-compute-apps needs fields, like --query-compute-apps=pid,process_name,used_memory");
 }
 
 std::string compute_app_rows(const TopSample& sample, const std::vector<QueryField>& fields,
