@@ -1,10 +1,21 @@
 #!/usr/bin/python3
-"""PyTorch's half of bench/train_throughput.cpp: trains the same model (src/lockstep/nn/models.h)
-on the same Fashion-MNIST files with the same batch, optimizer and thread count, and prints one
+"""PyTorch's half of bench/train_throughput.cpp: trains the same model (src/lockstep/nn/models.h,
+or the GPT of src/lockstep/nn/gpt.h) on the same data (the Fashion-MNIST files, or the GPT's
+training text) with the same batch, optimizer and thread count, and prints one
 "RESULT key=value ..." line the C++ program reads (or "SKIP reason" when torch is missing).
 
     /usr/bin/python3 bench/torch_train.py --model cnn --threads 1 --steps 20
+    /usr/bin/python3 bench/torch_train.py --model gpt --train-text FILE --batch 32 \
+        --context 64 --layers 2 --heads 2 --width 64
     /usr/bin/python3 bench/torch_train.py --probe      # torch version and the BLAS it loaded
+
+The GPT under bf16 autocast: Lockstep rounds only the operands of its matrix products to bf16
+and keeps every activation in f32 (src/lockstep/core/autocast.h). torch.autocast also writes
+the products' outputs in bf16, so what runs between them in the input's type does so in bf16
+(GELU, the attention's scaling and mask; their backward too), while the residual adds promote
+back to f32 and softmax, layer norm and the cross-entropy run in f32 as in Lockstep. PyTorch
+thus moves fewer activation bytes than Lockstep under the same flag; the products, the bulk of
+the work, read the same bf16 operands on both sides.
 """
 
 import argparse
@@ -60,9 +71,24 @@ def load_test_set(data_dir):
     return load_images(data_dir, "t10k")
 
 
+def load_text_windows(path, context):
+    """The windows src/lockstep/data/text_dataset.h's text_windows cuts from the bytes of `path`
+    (train_throughput writes the training split there): sample i reads bytes [i*T, i*T + T + 1),
+    its tokens the first T and its targets the last T, int64 [N, T] each."""
+    import numpy as np
+    import torch
+
+    text = np.fromfile(path, dtype=np.uint8)
+    n = (len(text) - 1) // context
+    if n < 1:
+        raise SystemExit(f"{path}: {len(text)} bytes is too short for one window of {context} + 1")
+    tokens = torch.from_numpy(text[: n * context + 1].astype(np.int64))
+    return tokens[:-1].view(n, context), tokens[1:].view(n, context)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp", "resnet"])
+    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp", "resnet", "gpt"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20, help="steps per timed repetition")
     parser.add_argument("--warmup", type=int, default=3)
@@ -72,6 +98,11 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu, cpu:0 or cuda:0 (batches copied there each step)")
     parser.add_argument("--precision", default="f32", choices=["f32", "bf16", "f16"], help="autocast's type on GPUs")
     parser.add_argument("--probe", action="store_true", help="print torch's version and BLAS, then exit")
+    parser.add_argument("--train-text", help="gpt: the training text, read as bytes and cut into windows as is")
+    parser.add_argument("--context", type=int, default=64, help="gpt: bytes per window")
+    parser.add_argument("--layers", type=int, default=2, help="gpt: transformer blocks")
+    parser.add_argument("--heads", type=int, default=2, help="gpt: attention heads")
+    parser.add_argument("--width", type=int, default=64, help="gpt: embedding width")
     args = parser.parse_args()
 
     try:
@@ -89,34 +120,59 @@ def main():
 
     # The models' one definition, shared with the cross-check fixtures.
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
-    from torch_models import CNN, MLP, ResNet
+    from torch_models import CNN, GPT, MLP, ResNet
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    images, targets = load_training_set(args.data)
-    n = images.shape[0]
-
     device = torch.device(args.device)
-    model = {"cnn": CNN, "mlp": MLP, "resnet": ResNet}[args.model]().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if args.model == "gpt":
+        if not args.train_text:
+            parser.error("--model gpt needs --train-text FILE")
+        inputs, targets = load_text_windows(args.train_text, args.context)
+        # Initialized by PyTorch's defaults, not GPT-2's as Lockstep's: the losses differ, the
+        # work does not.
+        model = GPT(256, args.context, args.layers, args.heads, args.width).to(device)
+        # `lockstep train --model gpt`'s optimizer: AdamW, lr 1e-3, no weight decay (PyTorch's
+        # default decay is 0.01).
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+
+        def loss_of(output, target):  # nn::gpt_loss: the mean over every position
+            return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+        if device.type == "cuda":
+            # The fixture's GPT makes its positions and causal mask with torch.arange and
+            # torch.ones and no device (it was written for the CPU cross-checks), so factory
+            # functions default to the GPU here. The data's own tensors name the CPU. Deprecated
+            # since 2.1 but kept: set_default_device's replacement intercepts every torch call
+            # in Python, which would slow PyTorch's side down.
+            if hasattr(torch, "set_default_tensor_type"):
+                torch.set_default_tensor_type(torch.cuda.FloatTensor)
+            else:
+                torch.set_default_device(device)
+    else:
+        inputs, targets = load_training_set(args.data)
+        model = {"cnn": CNN, "mlp": MLP, "resnet": ResNet}[args.model]().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        loss_of = F.cross_entropy
+    n = inputs.shape[0]
     generator = torch.Generator().manual_seed(0)
-    state = {"order": torch.randperm(n, generator=generator), "at": 0}
+    state = {"order": torch.randperm(n, generator=generator, device="cpu"), "at": 0}
     phases = {"data": 0.0, "fwd": 0.0, "bwd": 0.0, "opt": 0.0}
 
     def step(timed):
         t0 = time.perf_counter()
         if state["at"] + args.batch > n:  # drop the last partial batch, reshuffle
-            state["order"], state["at"] = torch.randperm(n, generator=generator), 0
+            state["order"], state["at"] = torch.randperm(n, generator=generator, device="cpu"), 0
         index = state["order"][state["at"] : state["at"] + args.batch]
         state["at"] += args.batch
-        x, y = images.index_select(0, index).to(device), targets.index_select(0, index).to(device)
+        x, y = inputs.index_select(0, index).to(device), targets.index_select(0, index).to(device)
         t1 = time.perf_counter()
         if args.precision == "f32":
-            loss = F.cross_entropy(model(x), y)
+            loss = loss_of(model(x), y)
         else:
             dtype = torch.bfloat16 if args.precision == "bf16" else torch.float16
             with torch.autocast(device_type=device.type, dtype=dtype):
-                loss = F.cross_entropy(model(x), y)
+                loss = loss_of(model(x), y)
         t2 = time.perf_counter()
         loss.backward()
         t3 = time.perf_counter()
@@ -151,6 +207,8 @@ def main():
         "step_ms": 1e3 * total / timed,
         "loss": loss,
     }
+    if args.model == "gpt":
+        fields["tokens_per_s"] = fields["samples_per_s"] * args.context
     print("RESULT " + " ".join(f"{k}={v:.6g}" for k, v in fields.items()))
 
 

@@ -1,14 +1,24 @@
-// Training throughput of the built-in models (cnn, mlp, resnet) on Fashion-MNIST, Lockstep beside
-// PyTorch (bench/torch_train.py) with the same model, batch, optimizer and thread count, and
-// beside the machine's single-precision GEMM peak. Every measurement runs in a child process
-// of its own, so each peak RSS is that run's alone and the two never share a process.
+// Training throughput of the built-in models (cnn, mlp, resnet) on Fashion-MNIST and of the GPT
+// (nn/gpt.h) on byte-level text, Lockstep beside PyTorch (bench/torch_train.py) with the same
+// model, batch, optimizer and thread count, and beside the machine's single-precision GEMM peak.
+// Every measurement runs in a child process of its own, so each peak RSS is that run's alone
+// and the two never share a process.
 //
-//   build/bin/train_throughput [--steps N] [--threads 1,2] [--models cnn,mlp] [--device cuda:0]
+//   build/bin/train_throughput [--steps N] [--threads 1,2] [--models cnn,mlp,gpt] [--device cuda:0]
+//   build/bin/train_throughput --models gpt --preset small [--text FILE] [--batch N]
+//
+// The GPT trains as `lockstep train --model gpt` does (a preset's shape, batch 32, AdamW lr
+// 1e-3 without weight decay) on the training split of its text (the fortunes, or --text FILE),
+// cut into windows of `context` bytes; both sides read the same bytes. Its figures are also
+// given in tokens per second (samples/s x context). Under --precision bf16 the two autocasts
+// differ a little on the GPT (PyTorch's also writes the products' outputs in bf16):
+// bench/torch_train.py says how.
 //
 // With --device cuda:0 both sides train on the GPU (each batch copied there from the host,
 // as a DataLoader user does), one thread, and the GEMM peak columns are left out
 // (bench/cuda_gemm.cpp measures GPU GEMMs).
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,8 +28,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,9 +42,12 @@
 #include "lockstep/core/parallel.h"
 #include "lockstep/data/dataloader.h"
 #include "lockstep/data/fashion_mnist.h"
+#include "lockstep/data/text_dataset.h"
+#include "lockstep/nn/gpt.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/ops/cpu/gemm.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/optim/adamw.h"
 #include "lockstep/optim/sgd.h"
 
 namespace lockstep {
@@ -43,9 +58,16 @@ using bench::ChildResult;
 using bench::run_child;
 using Clock = std::chrono::steady_clock;
 
+// The image models' recipe.
 constexpr int64_t kBatch = 256;
 constexpr double kLr = 0.05;
 constexpr double kMomentum = 0.9;
+// The GPT's: `lockstep train --model gpt`'s global batch, learning rate and weight decay
+// (src/tools/train/train_options.h), taken as one batch (no micro-batches) at a constant rate
+// (its cosine schedule changes no step's work).
+constexpr int64_t kGptBatch = 32;
+constexpr double kGptLr = 1e-3;
+constexpr double kGptWeightDecay = 0.0;
 constexpr int64_t kGemmSize = 2048;
 
 struct Options {
@@ -59,6 +81,12 @@ struct Options {
   std::string python = "/usr/bin/python3";
   std::string device = "cpu:0";
   std::string precision = "f32";  // GPUs: bf16 or f16 products (autocast on both sides)
+  int64_t batch = 0;              // 0: each model's (kBatch images, kGptBatch windows)
+  // The GPT's shape: a preset, each part overridable (0: the preset's), as `lockstep train`.
+  std::string preset = "tiny";
+  int64_t context = 0, layers = 0, heads = 0, width = 0;
+  std::string text;        // the GPT's text: a file split as `lockstep train --data FILE`; "": the fortunes
+  std::string train_text;  // a worker's: the training split's bytes, written by the parent, read as is
   // Extra environment for every child, e.g. OMP_WAIT_POLICY=passive.
   std::vector<std::pair<std::string, std::string>> env;
 };
@@ -66,22 +94,64 @@ struct Options {
 // Sized so the whole program takes a minute or two on a 2-core machine.
 int64_t default_steps(const std::string& model) { return model == "mlp" ? 80 : 30; }
 
+int64_t batch_size(const std::string& model, const Options& options) {
+  if (options.batch > 0) return options.batch;
+  return model == "gpt" ? kGptBatch : kBatch;
+}
+
+nn::GptConfig gpt_config(const Options& options) {
+  nn::GptConfig config = nn::gpt_preset(options.preset);
+  if (options.context > 0) config.context = options.context;
+  if (options.layers > 0) config.layers = options.layers;
+  if (options.heads > 0) config.heads = options.heads;
+  if (options.width > 0) config.width = options.width;
+  nn::check_gpt_config(config);
+  return config;
+}
+
+// Tokens in one sample: a GPT's window, or 0 for an image.
+int64_t tokens_per_sample(const std::string& model, const Options& options) {
+  return model == "gpt" ? gpt_config(options).context : 0;
+}
+
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // ---------------------------------------------------------------- analytic FLOPs per sample
-// Forward: 2 FLOPs per multiply-accumulate of the conv and linear layers. Backward: the
-// weight-gradient GEMMs (as many MACs as the forward) plus the input-gradient GEMMs of every
-// layer but the first (its input, the image, needs no gradient). Elementwise work (bias, ReLU,
-// pooling, softmax, the optimizer) is left out: it is small beside the GEMMs.
+// Forward: 2 FLOPs per multiply-accumulate of the conv, linear and attention products.
+// Backward: the gradients of both operands of each product (as many MACs each as the
+// forward), except the input gradient of an image model's first layer (the image needs
+// none). Elementwise work (bias, ReLU, pooling, softmax, layer norm, the optimizer) is left
+// out: it is small beside the GEMMs.
 struct Layer {
-  const char* name;
+  std::string name;
   double macs;  // per sample
+  bool input_gradient = true;
 };
 
-std::vector<Layer> gemm_layers(const std::string& model) {
+// The GPT's products for one window of T tokens: per block the four linear layers and the two
+// attention products over the whole T x T square (the mask is added after, so nothing is
+// skipped), then the head tied to wte.
+std::vector<Layer> gpt_layers(const nn::GptConfig& c) {
+  const double t = static_cast<double>(c.context), w = static_cast<double>(c.width);
+  std::vector<Layer> layers;
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string block = "h." + std::to_string(i) + ".";
+    layers.push_back({block + "attn.c_attn", t * w * 3 * w});
+    layers.push_back({block + "attn.q_k", t * t * w});
+    layers.push_back({block + "attn.p_v", t * t * w});
+    layers.push_back({block + "attn.c_proj", t * w * w});
+    layers.push_back({block + "mlp.c_fc", t * w * 4 * w});
+    layers.push_back({block + "mlp.c_proj", t * 4 * w * w});
+  }
+  layers.push_back({"head (wte)", t * w * static_cast<double>(c.vocab)});
+  return layers;
+}
+
+std::vector<Layer> gemm_layers(const std::string& model, const Options& options) {
+  if (model == "gpt") return gpt_layers(gpt_config(options));
   if (model == "cnn") {
     // 28 -conv3-> 26 -pool-> 13 -conv3-> 11 -pool-> 5
-    return {{"conv1", 32.0 * 26 * 26 * (1 * 9)},
+    return {{"conv1", 32.0 * 26 * 26 * (1 * 9), false},
             {"conv2", 64.0 * 11 * 11 * (32 * 9)},
             {"fc1", 1600.0 * 128},
             {"fc2", 128.0 * 10}};
@@ -89,7 +159,7 @@ std::vector<Layer> gemm_layers(const std::string& model) {
   if (model == "resnet") {
     // 28x28 (stem, layer1) -> 14x14 (layer2) -> 7x7 (layer3), two blocks each; 3x3 convs,
     // 1x1 downsamples in the first block of layer2 and layer3
-    return {{"conv1", 16.0 * 28 * 28 * (1 * 9)},           {"layer1.0.conv1", 16.0 * 28 * 28 * (16 * 9)},
+    return {{"conv1", 16.0 * 28 * 28 * (1 * 9), false},    {"layer1.0.conv1", 16.0 * 28 * 28 * (16 * 9)},
             {"layer1.0.conv2", 16.0 * 28 * 28 * (16 * 9)}, {"layer1.1.conv1", 16.0 * 28 * 28 * (16 * 9)},
             {"layer1.1.conv2", 16.0 * 28 * 28 * (16 * 9)}, {"layer2.0.conv1", 32.0 * 14 * 14 * (16 * 9)},
             {"layer2.0.conv2", 32.0 * 14 * 14 * (32 * 9)}, {"layer2.0.downsample", 32.0 * 14 * 14 * 16},
@@ -98,7 +168,7 @@ std::vector<Layer> gemm_layers(const std::string& model) {
             {"layer3.0.downsample", 64.0 * 7 * 7 * 32},    {"layer3.1.conv1", 64.0 * 7 * 7 * (64 * 9)},
             {"layer3.1.conv2", 64.0 * 7 * 7 * (64 * 9)},   {"fc", 64.0 * 10}};
   }
-  return {{"fc1", 784.0 * 512}, {"fc2", 512.0 * 512}, {"fc3", 512.0 * 10}};
+  return {{"fc1", 784.0 * 512, false}, {"fc2", 512.0 * 512}, {"fc3", 512.0 * 10}};
 }
 
 struct Flops {
@@ -106,12 +176,11 @@ struct Flops {
   double total() const { return forward + backward; }
 };
 
-Flops flops_per_sample(const std::string& model) {
+Flops flops_per_sample(const std::string& model, const Options& options) {
   Flops f;
-  const std::vector<Layer> layers = gemm_layers(model);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    f.forward += 2 * layers[i].macs;
-    f.backward += 2 * layers[i].macs * (i == 0 ? 1 : 2);
+  for (const Layer& layer : gemm_layers(model, options)) {
+    f.forward += 2 * layer.macs;
+    f.backward += 2 * layer.macs * (layer.input_gradient ? 2 : 1);
   }
   return f;
 }
@@ -126,14 +195,50 @@ void print_result(const std::map<std::string, double>& values) {
   std::fflush(stdout);
 }
 
+// What one model trains on and with: its data set (the input and target fields of a batch),
+// the model on its device, its optimizer and its loss.
+struct Workload {
+  std::shared_ptr<const Dataset> train_set;
+  std::string input, target;
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::function<Tensor(const Tensor& output, const Tensor& target)> loss;
+};
+
+Workload make_workload(const std::string& model_name, const Device& device, const Options& options) {
+  Workload w;
+  if (model_name == "gpt") {
+    const nn::GptConfig config = gpt_config(options);
+    if (options.train_text.empty()) throw std::invalid_argument("a gpt worker needs --train-text FILE");
+    w.train_set = std::make_shared<TensorDataset>(text_windows(read_text_file(options.train_text), config.context));
+    w.input = kTokensField;
+    w.target = kTargetsField;
+    w.model = std::make_shared<nn::Gpt>(config, 0);
+    w.loss = [](const Tensor& logits, const Tensor& targets) { return nn::gpt_loss(logits, targets); };
+  } else {
+    w.train_set = std::make_shared<TensorDataset>(load_fashion_mnist(options.data, Split::train));
+    w.input = kImageField;
+    w.target = kLabelField;
+    w.model = nn::make_model(model_name, 0);
+    w.loss = [](const Tensor& logits, const Tensor& labels) { return cross_entropy(logits, labels); };
+  }
+  w.model->to(device);  // before the optimizer takes its parameters
+  if (model_name == "gpt") {
+    w.optimizer = std::make_unique<optim::AdamW>(w.model->parameters(),
+                                                 optim::AdamWOptions{.lr = kGptLr, .weight_decay = kGptWeightDecay});
+  } else {
+    w.optimizer =
+        std::make_unique<optim::SGD>(w.model->parameters(), optim::SGDOptions{.lr = kLr, .momentum = kMomentum});
+  }
+  return w;
+}
+
 int train_worker(const std::string& model_name, int threads, int64_t steps, const Options& options) {
   set_num_threads(threads);
   const Device device = Device::parse(options.device);
-  const TensorDataset train_set = load_fashion_mnist(options.data, Split::train);
-  const std::shared_ptr<nn::Module> model = nn::make_model(model_name, 0);
-  model->to(device);
-  optim::SGD sgd(model->parameters(), {.lr = kLr, .momentum = kMomentum});
-  DataLoader loader(train_set, {.batch_size = kBatch, .shuffle = true, .seed = 0, .drop_last = true});
+  Workload work = make_workload(model_name, device, options);
+  const int64_t batch = batch_size(model_name, options);
+  DataLoader loader(work.train_set, {.batch_size = batch, .shuffle = true, .seed = 0, .drop_last = true});
 
   // Seconds per phase, summed over the timed steps.
   double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, loss = 0;
@@ -142,14 +247,14 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
     std::optional<Batch> batch = loader.next();
     if (!batch) batch = loader.next();  // next epoch
     auto t1 = Clock::now();
-    const Tensor images = batch->samples[kImageField].to(device), labels = batch->samples[kLabelField].to(device);
+    const Tensor inputs = batch->samples[work.input].to(device), targets = batch->samples[work.target].to(device);
     const AutocastGuard autocast(parse_dtype(options.precision));
-    Tensor loss_tensor = cross_entropy(model->forward(images), labels);
+    Tensor loss_tensor = work.loss(work.model->forward(inputs), targets);
     auto t2 = Clock::now();
     loss_tensor.backward();
     auto t3 = Clock::now();
-    sgd.step();
-    sgd.zero_grad();
+    work.optimizer->step();
+    work.optimizer->zero_grad();
     auto t4 = Clock::now();
     loss = loss_tensor.item();  // waits for a GPU step to finish, as PyTorch's float(loss)
     if (timed) {
@@ -167,7 +272,7 @@ int train_worker(const std::string& model_name, int threads, int64_t steps, cons
     const auto start = Clock::now();
     for (int64_t i = 0; i < steps; ++i) step(true);
     const double elapsed = seconds_since(start);
-    rates.push_back(static_cast<double>(steps * kBatch) / elapsed);
+    rates.push_back(static_cast<double>(steps * batch) / elapsed);
     step_seconds.push_back(elapsed);
   }
   const double timed_steps = static_cast<double>(steps * options.reps);
@@ -241,6 +346,29 @@ int gemm_worker(int threads) {
 }
 
 // ---------------------------------------------------------------- parent
+// A file of our own in the temporary directory, removed when this goes out of scope.
+struct TemporaryFile {
+  std::string path;
+  TemporaryFile() {
+    std::string name = (fs::temp_directory_path() / "train_throughput_text_XXXXXX").string();
+    const int fd = mkstemp(name.data());
+    if (fd < 0) throw std::runtime_error("cannot create a temporary file in " + fs::temp_directory_path().string());
+    close(fd);
+    path = name;
+  }
+  ~TemporaryFile() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+  void write(const std::string& bytes) const {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) throw std::runtime_error("cannot write the temporary file " + path);
+  }
+};
+
 double number(const ChildResult& r, const std::string& key) {
   const auto it = r.values.find(key);
   return it == r.values.end() ? 0.0 : std::atof(it->second.c_str());
@@ -309,8 +437,34 @@ int parent_main(const std::string& self, const Options& options) {
                           : options.python + " cannot run PyTorch (" + probe.failure + "): PyTorch columns skipped";
   }
 
-  std::printf("train_throughput: batch %lld, SGD lr %g momentum %g, Fashion-MNIST train (%s), shuffled\n",
-              static_cast<long long>(kBatch), kLr, kMomentum, options.data.c_str());
+  const bool has_gpt = std::find(options.models.begin(), options.models.end(), "gpt") != options.models.end();
+  const bool has_images =
+      std::any_of(options.models.begin(), options.models.end(), [](const std::string& m) { return m != "gpt"; });
+  // Both sides read the GPT's training split from one file the parent writes, so they train on
+  // the same bytes without a second copy of the split's rules in Python.
+  std::optional<TemporaryFile> text_file;
+  if (has_gpt) text_file.emplace();
+  if (has_images) {
+    std::printf(
+        "train_throughput: cnn, mlp, resnet: batch %lld, SGD lr %g momentum %g, Fashion-MNIST train (%s), "
+        "shuffled\n",
+        static_cast<long long>(batch_size("cnn", options)), kLr, kMomentum, options.data.c_str());
+  }
+  if (has_gpt) {
+    const nn::GptConfig c = gpt_config(options);
+    const std::string train = load_text(options.text).train;
+    text_file->write(train);
+    std::printf(
+        "train_throughput: gpt %s (context %lld, %lld layers, %lld heads, width %lld, %.2f M parameters): batch %lld "
+        "windows = %lld tokens per step, AdamW lr %g weight decay %g, one batch a step (no micro-batches), the "
+        "training split of %s (%zu bytes, %lld windows), shuffled\n",
+        options.preset.c_str(), static_cast<long long>(c.context), static_cast<long long>(c.layers),
+        static_cast<long long>(c.heads), static_cast<long long>(c.width), nn::gpt_parameter_count(c) / 1e6,
+        static_cast<long long>(batch_size("gpt", options)),
+        static_cast<long long>(batch_size("gpt", options) * c.context), kGptLr, kGptWeightDecay,
+        options.text.empty() ? "the fortunes" : options.text.c_str(), train.size(),
+        static_cast<long long>(text_window_count(static_cast<int64_t>(train.size()), c.context)));
+  }
   std::printf(
       "each figure: the best of %lld timed repetitions of N steps after %lld warm-up steps (other work on the "
       "machine only ever slows a run down), one process per run\n",
@@ -322,11 +476,11 @@ int parent_main(const std::string& self, const Options& options) {
   std::printf("load average before: %s (other processes on the machine distort every figure)\n",
               load_average().c_str());
   for (const std::string& model : options.models) {
-    const Flops f = flops_per_sample(model);
-    std::printf(
-        "FLOPs/sample %s: %.2f M forward + %.2f M backward = %.2f M (conv/linear GEMMs only; the first "
-        "layer's input gradient is not computed)\n",
-        model.c_str(), f.forward / 1e6, f.backward / 1e6, f.total() / 1e6);
+    const Flops f = flops_per_sample(model, options);
+    std::printf("FLOPs/sample %s: %.2f M forward + %.2f M backward = %.2f M (%s)\n", model.c_str(), f.forward / 1e6,
+                f.backward / 1e6, f.total() / 1e6,
+                model == "gpt" ? "linear, attention and head products only; a sample is one window"
+                               : "conv/linear GEMMs only; the first layer's input gradient is not computed");
   }
   std::printf("\n");
 
@@ -351,14 +505,21 @@ int parent_main(const std::string& self, const Options& options) {
                   std::to_string(kBatch) + ") " + fmt("%.1f", number(gemm, "mlp_gemms")) + ";";
     for (const std::string& model : options.models) {
       const int64_t steps = options.steps > 0 ? options.steps : default_steps(model);
-      const std::vector<std::string> common = {"--model",     model,
-                                               "--threads",   std::to_string(threads),
-                                               "--steps",     std::to_string(steps),
-                                               "--warmup",    std::to_string(options.warmup),
-                                               "--reps",      std::to_string(options.reps),
-                                               "--data",      options.data,
-                                               "--device",    options.device,
-                                               "--precision", options.precision};
+      std::vector<std::string> common = {"--model",     model,
+                                         "--threads",   std::to_string(threads),
+                                         "--steps",     std::to_string(steps),
+                                         "--warmup",    std::to_string(options.warmup),
+                                         "--reps",      std::to_string(options.reps),
+                                         "--data",      options.data,
+                                         "--device",    options.device,
+                                         "--precision", options.precision,
+                                         "--batch",     std::to_string(batch_size(model, options))};
+      if (model == "gpt") {  // the resolved shape, so the Python side needs no table of presets
+        const nn::GptConfig c = gpt_config(options);
+        common.insert(common.end(),
+                      {"--context", std::to_string(c.context), "--layers", std::to_string(c.layers), "--heads",
+                       std::to_string(c.heads), "--width", std::to_string(c.width), "--train-text", text_file->path});
+      }
       std::vector<std::string> ours = {self, "--worker"};
       ours.insert(ours.end(), common.begin(), common.end());
       Row row{model, threads, steps, run_child(ours, child_env(threads, options)), {}, peak};
@@ -366,8 +527,6 @@ int parent_main(const std::string& self, const Options& options) {
       if (have_torch) {
         std::vector<std::string> theirs = {options.python, script};
         theirs.insert(theirs.end(), common.begin(), common.end());
-        theirs.push_back("--batch");
-        theirs.push_back(std::to_string(kBatch));
         row.theirs = run_child(theirs, child_env(threads, options));
         if (!row.theirs.ok)
           std::fprintf(stderr, "PyTorch %s run failed: %s\n", model.c_str(), row.theirs.failure.c_str());
@@ -380,7 +539,7 @@ int parent_main(const std::string& self, const Options& options) {
               "ratio", "ours GF/s", "sgemm GF/s", "% peak", "ours RSS", "torch RSS");
   for (const Row& r : rows) {
     const double ours = number(r.ours, "samples_per_s"), theirs = number(r.theirs, "samples_per_s");
-    const double gflops = ours * flops_per_sample(r.model).total() / 1e9;
+    const double gflops = ours * flops_per_sample(r.model, options).total() / 1e9;
     std::printf("%-5s %3d %6lld | %10s %10s %6s | %9s %10s %7s | %9s %9s\n", r.model.c_str(), r.threads,
                 static_cast<long long>(r.steps), r.ours.ok ? fmt("%.0f", ours).c_str() : "failed",
                 r.theirs.ok ? fmt("%.0f", theirs).c_str() : "n/a",
@@ -392,14 +551,29 @@ int parent_main(const std::string& self, const Options& options) {
   }
   for (const Row& r : rows) {  // one line per run for scripts (scripts/gpu-check)
     if (r.ours.ok && r.theirs.ok) {
-      std::printf("SUMMARY %s threads=%d device=%s precision=%s ours=%.0f torch=%.0f ratio=%.3f\n", r.model.c_str(),
-                  r.threads, options.device.c_str(), options.precision.c_str(), number(r.ours, "samples_per_s"),
-                  number(r.theirs, "samples_per_s"),
-                  number(r.ours, "samples_per_s") / number(r.theirs, "samples_per_s"));
+      const double ours = number(r.ours, "samples_per_s"), theirs = number(r.theirs, "samples_per_s");
+      std::printf("SUMMARY %s threads=%d device=%s precision=%s ours=%.0f torch=%.0f ratio=%.3f", r.model.c_str(),
+                  r.threads, options.device.c_str(), options.precision.c_str(), ours, theirs, ours / theirs);
+      const double tokens = static_cast<double>(tokens_per_sample(r.model, options));
+      if (tokens > 0) std::printf(" ours_tokens=%.0f torch_tokens=%.0f", ours * tokens, theirs * tokens);
+      std::printf("\n");
+    }
+  }
+  if (has_gpt) {
+    const double tokens = static_cast<double>(tokens_per_sample("gpt", options));
+    std::printf("\ngpt in tokens per second (samples/s x context %.0f):\n", tokens);
+    std::printf("%-5s %3s | %12s %12s %6s\n", "model", "thr", "ours tok/s", "torch tok/s", "ratio");
+    for (const Row& r : rows) {
+      if (r.model != "gpt") continue;
+      const double ours = number(r.ours, "samples_per_s") * tokens, theirs = number(r.theirs, "samples_per_s") * tokens;
+      std::printf("%-5s %3d | %12s %12s %6s\n", r.model.c_str(), r.threads,
+                  r.ours.ok ? fmt("%.0f", ours).c_str() : "failed", r.theirs.ok ? fmt("%.0f", theirs).c_str() : "n/a",
+                  r.ours.ok && r.theirs.ok ? fmt("%.2f", ours / theirs).c_str() : "-");
     }
   }
   std::printf(
-      "ours/s, torch/s: training samples per second; ratio: ours / torch; GF/s from the FLOPs above; "
+      "ours/s, torch/s: training samples (an image, or one GPT window) per second; ratio: ours / torch; GF/s from the "
+      "FLOPs above; "
       "sgemm: best %lld^3 SGEMM at that thread count, the better of two paths; RSS: the run's peak (wait4 ru_maxrss)\n"
       "sgemm GF/s by path:%s\n",
       static_cast<long long>(kGemmSize), gemm_notes.c_str());
@@ -423,11 +597,18 @@ int parent_main(const std::string& self, const Options& options) {
 }
 
 int usage_error(const std::string& message) {
-  std::fprintf(stderr,
-               "train_throughput: %s\n"
-               "usage: train_throughput [--steps N] [--threads 1,2] [--models cnn,mlp] [--warmup N] [--reps N]\n"
-               "                        [--repo DIR] [--data DIR] [--python PATH] [--env KEY=VALUE,...]\n",
-               message.c_str());
+  std::fprintf(
+      stderr,
+      "train_throughput: %s\n"
+      "usage: train_throughput [--steps N] [--threads 1,2] [--models cnn,mlp,resnet,gpt] [--warmup N] [--reps N]\n"
+      "                        [--repo DIR] [--data DIR] [--python PATH] [--env KEY=VALUE,...]\n"
+      "                        [--device cpu:0|cuda:0] [--precision f32|bf16|f16] [--batch N]\n"
+      "                        [--preset tiny|small|gpt2-124m] [--context N] [--layers N] [--heads N]\n"
+      "                        [--width N] [--text FILE]\n"
+      "--batch: samples per step (default 256 images, 32 GPT windows); --preset and the shape flags: the\n"
+      "GPT's, as lockstep train's; --text: the GPT's text, split as lockstep train --data FILE (default:\n"
+      "the fortunes in /usr/share/games/fortunes)\n",
+      message.c_str());
   return 2;
 }
 
@@ -446,6 +627,14 @@ int main_checked(int argc, char** argv) {
       {"--python", [&](const std::string& v) { options.python = v; }},
       {"--device", [&](const std::string& v) { options.device = v; }},
       {"--precision", [&](const std::string& v) { options.precision = v; }},
+      {"--batch", [&](const std::string& v) { options.batch = std::stoll(v); }},
+      {"--preset", [&](const std::string& v) { options.preset = v; }},
+      {"--context", [&](const std::string& v) { options.context = std::stoll(v); }},
+      {"--layers", [&](const std::string& v) { options.layers = std::stoll(v); }},
+      {"--heads", [&](const std::string& v) { options.heads = std::stoll(v); }},
+      {"--width", [&](const std::string& v) { options.width = std::stoll(v); }},
+      {"--text", [&](const std::string& v) { options.text = v; }},
+      {"--train-text", [&](const std::string& v) { options.train_text = v; }},
       {"--env",
        [&](const std::string& v) {
          for (const std::string& pair : split(v)) {
@@ -489,16 +678,21 @@ int main_checked(int argc, char** argv) {
       return usage_error("bad value '" + value + "' for " + flag);
     }
   }
-  if (options.reps < 1 || options.steps < 0 || options.warmup < 0) {
-    return usage_error("--reps must be at least 1 and --steps, --warmup at least 0");
+  if (options.reps < 1 || options.steps < 0 || options.warmup < 0 || options.batch < 0) {
+    return usage_error("--reps must be at least 1 and --steps, --warmup, --batch at least 0");
+  }
+  if (options.context < 0 || options.layers < 0 || options.heads < 0 || options.width < 0) {
+    return usage_error("--context, --layers, --heads and --width must be positive (0: the preset's)");
   }
   if (options.threads.empty()) return usage_error("--threads must list at least one count");
   for (const int t : options.threads) {
     if (t < 1) return usage_error("--threads must list counts of at least 1");
   }
-  const std::vector<std::string> known = nn::model_names();
+  std::vector<std::string> known = nn::model_names();
+  known.push_back("gpt");
   for (const std::string& m : options.models) {
     if (std::find(known.begin(), known.end(), m) == known.end()) return usage_error("unknown model '" + m + "'");
+    if (m == "gpt") gpt_config(options);  // a bad preset or shape fails here, before any child runs
   }
 
   if (gemm_threads > 0) return gemm_worker(gemm_threads);
