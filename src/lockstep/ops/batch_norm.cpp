@@ -6,7 +6,8 @@
 // and in eval (constant statistics) dx = rstd · w · dy. The weight gradient is Σ dy · x̂ and
 // the bias gradient Σ dy over the channel. Every per-channel sum runs over the channel's
 // values in (i, s) order into 8 f64 accumulators taken in turn, folded in a fixed order, and
-// threads split the channels: results do not depend on the thread count.
+// threads split the channels: results do not depend on the thread count. On a GPU the kernels
+// of ops/cuda/batch_norm_kernels do the same, each channel's sums one block's fixed tree.
 #include "lockstep/ops/batch_norm.h"
 
 #include <cmath>
@@ -16,6 +17,11 @@
 #include "lockstep/autograd/node.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/dispatch.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/ops/cuda/batch_norm_kernels.h"
+#endif
 
 namespace lockstep {
 namespace {
@@ -124,6 +130,60 @@ void batch_norm_backward(const T* x, const T* w, const T* dy, const ChannelStats
   });
 }
 
+#if LOCKSTEP_HAVE_CUDA
+template <typename T>
+T* device_data_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+// batch_norm_forward on a GPU: the statistics (the batch's, written into mean_out and var_out,
+// or the running ones, f64 [C]), then the output.
+template <typename T>
+ChannelStats batch_norm_forward_cuda(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                                     const ChannelLayout& l, bool training, const Tensor& running_mean,
+                                     const Tensor& running_var, double eps, const Tensor& mean_out,
+                                     const Tensor& var_out) {
+  const Device device = x.device();
+  ChannelStats stats{Tensor::empty({l.channels}, DType::f64, device), Tensor::empty({l.channels}, DType::f64, device)};
+  lockstep::cuda::OnDevice on(device);
+  if (training) {
+    ops::cuda::batch_norm_statistics<T>(x.data_ptr<T>(), l.batch, l.channels, l.spatial, eps,
+                                        stats.mean.data_ptr<double>(), stats.rstd.data_ptr<double>(),
+                                        mean_out.data_ptr<double>(), var_out.data_ptr<double>(), on.stream());
+  } else {
+    ops::cuda::batch_norm_running_rstd(running_mean.data_ptr<double>(), running_var.data_ptr<double>(), l.channels, eps,
+                                       stats.mean.data_ptr<double>(), stats.rstd.data_ptr<double>(), on.stream());
+  }
+  ops::cuda::batch_norm_normalize<T>(x.data_ptr<T>(), device_data_or_null<T>(w), device_data_or_null<T>(b),
+                                     stats.mean.data_ptr<double>(), stats.rstd.data_ptr<double>(), y.data_ptr<T>(),
+                                     l.batch, l.channels, l.spatial, on.stream());
+  return stats;
+}
+
+// batch_norm_backward on a GPU; undefined dx, dw or db are not needed.
+template <typename T>
+void batch_norm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& dy, const ChannelStats& stats,
+                              const ChannelLayout& l, bool training, const Tensor& dx, const Tensor& dw,
+                              const Tensor& db) {
+  lockstep::cuda::OnDevice on(x.device());
+  // Σ dy and Σ dy · x̂ per channel: the parameters' gradients, and in training the input's
+  // (eval's input gradient treats the statistics as constants and needs no sums).
+  Tensor sums;
+  if (training || dw.defined() || db.defined()) {
+    sums = Tensor::empty({2 * l.channels}, DType::f64, x.device());
+    ops::cuda::batch_norm_backward_sums<T>(x.data_ptr<T>(), dy.data_ptr<T>(), stats.mean.data_ptr<double>(),
+                                           stats.rstd.data_ptr<double>(), l.batch, l.channels, l.spatial,
+                                           sums.data_ptr<double>(), device_data_or_null<T>(dw),
+                                           device_data_or_null<T>(db), on.stream());
+  }
+  if (!dx.defined()) return;
+  ops::cuda::batch_norm_backward_input<T>(x.data_ptr<T>(), device_data_or_null<T>(w), dy.data_ptr<T>(),
+                                          stats.mean.data_ptr<double>(), stats.rstd.data_ptr<double>(),
+                                          training ? sums.data_ptr<double>() : nullptr, dx.data_ptr<T>(), l.batch,
+                                          l.channels, l.spatial, on.stream());
+}
+#endif
+
 // A [C] f32 or f64 tensor as contiguous f64.
 Tensor as_f64(const Tensor& t) { return t.dtype() == DType::f64 ? t.contiguous() : t.to(DType::f64); }
 
@@ -132,8 +192,7 @@ Tensor as_f64(const Tensor& t) { return t.dtype() == DType::f64 ? t.contiguous()
 BatchNormResult batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                            const Tensor& bias, bool training, double eps) {
   const Device device = ops::common_device("batch_norm", {x, running_mean, running_var, weight, bias});
-  LOCKSTEP_CHECK(device.is_cpu()) << "batch_norm runs on CPU devices in this version; its input is on " << device
-                                  << " (move the model and the batch with .to(Device::cpu()))";
+  ops::require_device("batch_norm", device);
   ops::require_float("batch_norm", x);
   LOCKSTEP_CHECK(x.dim() >= 2) << "batch_norm: input must be [N, C] or [N, C, ...], got shape " << shape_str(x.shape());
   ChannelLayout l;
@@ -177,6 +236,13 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& running_mean, const Te
   }
   ChannelStats stats;
   ops::dispatch_float("batch_norm", x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+    if (device.is_cuda()) {
+      stats = batch_norm_forward_cuda<T>(xc, wc, bc, result.output, l, training, rm, rv, eps, result.mean,
+                                         result.unbiased_var);
+      return;
+    }
+#endif
     stats = batch_norm_forward<T>(xc.data<T>(), data_or_null<T>(wc), data_or_null<T>(bc), result.output.data<T>(), l,
                                   training, data_or_null<double>(rm), data_or_null<double>(rv), eps,
                                   training ? result.mean.data<double>() : nullptr,
@@ -193,6 +259,12 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& running_mean, const Te
                      if (need_w) grad_w = Tensor::empty(channel_shape, x.dtype(), x.device());
                      if (need_b) grad_b = Tensor::empty(channel_shape, x.dtype(), x.device());
                      ops::dispatch_float("batch_norm", x.dtype(), [&]<typename T>() {
+#if LOCKSTEP_HAVE_CUDA
+                       if (x.device().is_cuda()) {
+                         batch_norm_backward_cuda<T>(x, w, grad, stats, l, training, grad_x, grad_w, grad_b);
+                         return;
+                       }
+#endif
                        batch_norm_backward<T>(x.data<T>(), data_or_null<T>(w), grad.data<T>(), stats, l, training,
                                               need_x ? grad_x.data<T>() : nullptr, need_w ? grad_w.data<T>() : nullptr,
                                               need_b ? grad_b.data<T>() : nullptr);

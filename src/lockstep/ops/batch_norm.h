@@ -24,7 +24,8 @@ struct BatchNormResult {
 // optional. x, weight and bias get gradients (the batch statistics' own dependence on x
 // included in training); the running statistics get none. Statistics and the output are
 // computed in f64 per channel, each channel's sums in an order fixed by the shape, so results
-// do not depend on the thread count. CPU devices only in this version.
+// do not depend on the thread count; on CPU and CUDA devices (a GPU's sums are fixed trees of
+// their own: its results match the CPU's to rounding, and are the same bits every run).
 BatchNormResult batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                            const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
                            double eps = 1e-5);
