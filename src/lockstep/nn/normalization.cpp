@@ -3,9 +3,11 @@
 #include <cmath>
 #include <utility>
 
+#include "lockstep/autograd/grad_mode.h"
 #include "lockstep/nn/init.h"
 #include "lockstep/ops/batch_norm.h"
-#include "lockstep/ops/dispatch.h"
+#include "lockstep/ops/batch_norm_running_stats.h"
+#include "lockstep/ops/elementwise.h"
 #include "lockstep/ops/norm.h"
 
 namespace lockstep::nn {
@@ -30,21 +32,6 @@ void LayerNorm::reset_parameter(const std::string& name, const Tensor& parameter
 }  // namespace lockstep::nn
 
 namespace lockstep::nn {
-namespace {
-
-// running = (1 - factor) · running + factor · (sum / forwards), per element in f64, rounded once
-// to the buffer's dtype.
-void fold_into(const Tensor& running, const Tensor& sum, double forwards, double factor) {
-  const std::vector<double> sums = sum.to_vector<double>();
-  ops::dispatch_float("BatchNorm", running.dtype(), [&]<typename T>() {
-    T* r = running.data<T>();
-    for (size_t c = 0; c < sums.size(); ++c) {
-      r[c] = static_cast<T>((1.0 - factor) * static_cast<double>(r[c]) + factor * (sums[c] / forwards));
-    }
-  });
-}
-
-}  // namespace
 
 BatchNorm::BatchNorm(std::string type_name, int64_t features, double eps_, std::optional<double> momentum_,
                      bool affine_, bool track)
@@ -92,17 +79,11 @@ Tensor BatchNorm::forward(const Tensor& x) {
     const Tensor var = result.unbiased_var.to(running_var.dtype());
     if (defers_step_statistics()) {
       make_pending();
-      ops::dispatch_float(type_name().c_str(), running_mean.dtype(), [&]<typename T>() {
-        T* mean_sum = pending_mean_.data<T>();
-        T* var_sum = pending_var_.data<T>();
-        const T* m = mean.data<T>();
-        const T* v = var.data<T>();
-        for (int64_t c = 0; c < num_features; ++c) {
-          mean_sum[c] += m[c];
-          var_sum[c] += v[c];
-        }
-        pending_forwards_.data<T>()[0] += 1;
-      });
+      // Ops, not loops, so that the sums stay on the module's device (a GPU's included).
+      NoGradGuard no_grad;
+      pending_mean_ = add(pending_mean_, mean);
+      pending_var_ = add(pending_var_, var);
+      pending_forwards_ = add(pending_forwards_, 1.0);
     } else {
       apply_step_statistics({mean, var, Tensor::ones({1}, running_mean.dtype(), running_mean.device())});
     }
@@ -145,18 +126,8 @@ void BatchNorm::apply_step_statistics(const std::vector<Tensor>& sums) {
                  sums[0].shape() == features && sums[1].shape() == features && sums[2].shape() == Shape{1})
       << type_name() << "(" << num_features << "): step statistics must be {mean_sum " << shape_str(features)
       << ", var_sum " << shape_str(features) << ", forwards [1]}, as take_step_statistics returns them";
-  LOCKSTEP_CHECK(running_mean.device().is_cpu())
-      << type_name() << ": running statistics are updated on CPU devices in this version; they are on "
-      << running_mean.device();
-  const double forwards = sums[2].item();
-  LOCKSTEP_CHECK(forwards >= 0 && std::isfinite(forwards))
-      << type_name() << ": step statistics count " << forwards << " forwards; expected a count >= 0";
-  if (forwards == 0) return;
-  int64_t& tracked = num_batches_tracked.data<int64_t>()[0];
-  tracked += 1;
-  const double factor = momentum ? *momentum : 1.0 / static_cast<double>(tracked);
-  fold_into(running_mean, sums[0], forwards, factor);
-  fold_into(running_var, sums[1], forwards, factor);
+  fold_batch_norm_running_stats(running_mean, running_var, num_batches_tracked, sums[0], sums[1], sums[2], momentum,
+                                type_name().c_str());
 }
 
 void BatchNorm::reset_running_stats() {

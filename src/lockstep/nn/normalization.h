@@ -42,7 +42,9 @@ class LayerNorm : public Module {
 // running statistics' dtype (f32 unless changed; zeros when no forward ran) and starts the
 // sums again from zero, and apply_step_statistics(sums) makes ONE update with mean_sum /
 // forwards and var_sum / forwards (nothing when forwards is 0). The immediate update is that
-// same function applied to one forward's sums. CPU devices only in this version.
+// same function applied to one forward's sums. On CPU and CUDA devices: the pending sums and the
+// update stay on the module's device (ops/batch_norm_running_stats.h): on a GPU neither makes
+// the host wait for the GPU.
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& x) override;
