@@ -1,11 +1,9 @@
 #include "lockstep/core/cuda/tensor_copy.h"
 
 #include <cmath>
-#include <mutex>
-#include <set>
-#include <utility>
 
 #include "lockstep/core/cuda/copy_kernels.h"
+#include "lockstep/core/cuda/peer_access.h"
 #include "lockstep/core/cuda/pinned_staging.h"
 #include "lockstep/core/cuda/runtime.h"
 
@@ -42,24 +40,6 @@ Tensor dense(const Tensor& t, DType dtype) {
   return out;
 }
 
-void enable_peer_access(int from, int to) {
-  static std::mutex mutex;
-  static std::set<std::pair<int, int>> tried;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!tried.insert({from, to}).second) return;
-  int can = 0;
-  if (cudaDeviceCanAccessPeer(&can, from, to) != cudaSuccess || !can) {
-    cudaGetLastError();
-    return;  // cudaMemcpyPeerAsync still works, staged through the host by the driver
-  }
-  int previous = 0;
-  LOCKSTEP_CUDA_CHECK(cudaGetDevice(&previous));
-  LOCKSTEP_CUDA_CHECK(cudaSetDevice(from));
-  const cudaError_t rc = cudaDeviceEnablePeerAccess(to, 0);
-  if (rc != cudaSuccess) cudaGetLastError();  // already enabled counts as success
-  cudaSetDevice(previous);
-}
-
 // src and dst contiguous, same dtype, on two GPU devices: the destination's stream waits
 // for the source's producers, copies, and the source's stream waits for the copy, so the
 // source's memory is not reused (its device's allocator hands it out again in that
@@ -75,7 +55,7 @@ void copy_between_devices(const Tensor& src, const Tensor& dst) {
   if (src_gpu == dst_gpu) {
     LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToDevice, to));
   } else {
-    enable_peer_access(dst_gpu, src_gpu);
+    can_read_peer_memory(dst_gpu, src_gpu);  // a direct copy where the GPUs can reach each other
     LOCKSTEP_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data_ptr(), dst_gpu, src.data_ptr(), src_gpu, src.nbytes(), to));
   }
   stream_wait(from, to);
