@@ -10,20 +10,11 @@
 #include "lockstep/comm/tree_reduce.h"
 #include "lockstep/core/storage.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/parallel/gpu_share_exchange.h"
 #include "lockstep/parallel/gradient_tree.h"
 
 namespace lockstep::parallel {
 namespace {
-
-// The `local` communicator folds host memory: a GPU device's subtree sum goes through a
-// host copy, is folded in the same tree order, and comes back (two copies of the gradient
-// per step over PCIe; the fold itself is the CPU devices' one, so the bits are too).
-void all_reduce_on_host(comm::Communicator& comm, const Tensor& tensor) {
-  if (tensor.device().is_cpu()) return comm.all_reduce(tensor);
-  const Tensor host = tensor.to(Device::cpu());
-  comm.all_reduce(host);
-  tensor.copy_from(host);
-}
 
 // Each parameter's gradient, taken out of .grad as it is (zeros for a parameter that got
 // none): the leaf of the step's tree, with no copy into a flat buffer (5% of the MLP's step
@@ -56,8 +47,8 @@ Tensor alias_on(const Tensor& weights, Device device) {
   return Tensor::from_storage(std::move(storage), weights.shape(), weights.dtype());
 }
 
-// Points `params` at the bytes of `weights` (replica 0's), where they stay on `device`.
-void share_weights(const std::vector<Tensor>& weights, const std::vector<Tensor>& params, Device device) {
+// Every replica must be the same model: its parameters' shapes and dtypes are device 0's.
+void check_same_model(const std::vector<Tensor>& weights, const std::vector<Tensor>& params, Device device) {
   LOCKSTEP_CHECK(params.size() == weights.size())
       << "make_replica gave " << device << " a model with " << params.size() << " parameters, but " << weights.size()
       << " to device 0: every device needs the same model";
@@ -66,8 +57,21 @@ void share_weights(const std::vector<Tensor>& weights, const std::vector<Tensor>
         << "make_replica gave " << device << " parameter " << i << " as " << shape_str(params[i].shape()) << " "
         << dtype_name(params[i].dtype()) << ", but device 0 " << shape_str(weights[i].shape()) << " "
         << dtype_name(weights[i].dtype()) << ": every device needs the same model";
-    params[i].set_data(alias_on(weights[i], device));
   }
+}
+
+// Points `params` at the bytes of `weights` (replica 0's), where they stay on `device`.
+void share_weights(const std::vector<Tensor>& weights, const std::vector<Tensor>& params, Device device) {
+  for (size_t i = 0; i < params.size(); ++i) params[i].set_data(alias_on(weights[i], device));
+}
+
+// Whether every device's gradients are finite, from each device's own answer for its
+// shares: every device takes the same decision (to step or to skip, and how the loss scale
+// changes) before any of them steps.
+bool finite_on_every_device(comm::Communicator& comm, bool finite_here) {
+  const Tensor overflowed = Tensor::full({1}, finite_here ? 0.0 : 1.0, DType::f32);
+  comm.all_reduce(overflowed, comm::ReduceOp::max);
+  return overflowed.item() == 0.0;
 }
 
 // An optimizer's entries that are not per-parameter state ("step").
@@ -100,11 +104,10 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
     replicas_.back()->to(device);
     statistics_.emplace_back(*replicas_.back());
     params_.push_back(replicas_.back()->parameters());
-    if (!shared_weights_) {
-      optimizers_.push_back(make_optimizer(params_.back()));
-      continue;
-    }
-    if (d > 0) share_weights(params_[0], params_.back(), device);
+    if (d > 0) check_same_model(params_[0], params_.back(), device);
+    if (shared_weights_ && d > 0) share_weights(params_[0], params_.back(), device);
+    // Each device's optimizer steps its share of every parameter, through 1-D views of its
+    // replica's weights (on CPU devices, of the one copy they share).
     std::vector<size_t>& owned = owned_.emplace_back();
     std::vector<Tensor>& views = share_views_.emplace_back();
     NoGradGuard no_grad;  // the views are leaves of their own, not steps of the model's graph
@@ -121,6 +124,7 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
   }
   sums_.resize(devices);
   if (options.precision == DType::f16) scalers_.resize(devices);
+  if (!shared_weights_) exchange_ = std::make_unique<GpuShareExchange>(options.devices);
   workers_ = std::make_unique<DeviceWorkers>(
       options.devices, options.threads_per_device, [this](int device, const std::string& message) {
         // The other devices stop waiting for this one.
@@ -154,13 +158,6 @@ int DataParallel::local_index(int device, size_t param) const {
 }
 
 NamedTensors DataParallel::optimizer_state() {
-  if (!shared_weights_) {
-    NamedTensors state = optimizers_[0]->state_dict();
-    if (!scalers_.empty()) {
-      for (auto& entry : scalers_[0].state_dict()) state.push_back(std::move(entry));
-    }
-    return state;
-  }
   // "step", then per parameter its slots, as the unsharded optimizer orders them: a
   // per-element slot put together from the devices' shares, a count from device 0's.
   NamedTensors state;
@@ -189,6 +186,9 @@ NamedTensors DataParallel::optimizer_state() {
       state.emplace_back(optim::state_key(i, slots[s].name), whole);
     }
   }
+  if (!scalers_.empty()) {  // every device's scaler is alike
+    for (auto& entry : scalers_[0].state_dict()) state.push_back(std::move(entry));
+  }
   return state;
 }
 
@@ -198,10 +198,6 @@ void DataParallel::load_optimizer_state(const NamedTensors& state) {
   // A checkpoint of an f32 or bf16 run has no scaler state: f16 then starts from the default scale.
   if (!scaler_state.empty()) {
     for (auto& scaler : scalers_) scaler.load_state_dict(scaler_state);
-  }
-  if (!shared_weights_) {
-    for (const auto& optimizer : optimizers_) optimizer->load_state_dict(optimizer_state);
-    return;
   }
   // Loaded first into an unsharded optimizer, which checks it and names any problem by the
   // checkpoint's own keys; then each device takes its shares.
@@ -255,12 +251,11 @@ void DataParallel::run_device(int device, const TensorBatch& batch, const StepCo
     leaf.push_back(loss);
     tree.add_leaf(std::move(leaf));
   }
-  std::vector<Tensor> sums = tree.finish();
-  const Tensor loss_sum = sums.back();
-  sums.pop_back();
-  const std::vector<Tensor> statistic_sums(sums.begin() + static_cast<std::ptrdiff_t>(params.size()), sums.end());
-  sums.resize(params.size());
-  if (shared_weights_) sums_[static_cast<size_t>(device)] = std::move(sums);  // published by the barrier
+  // The parameters' sums, then the running statistics', then the loss's: every device reads
+  // its share of the first from every device's, and on GPUs the whole of the others.
+  std::vector<Tensor>& sums = sums_[static_cast<size_t>(device)];
+  sums = tree.finish();  // published by the barrier
+  if (exchange_) exchange_->sums_queued(device);
   times.compute = seconds_since(start);
 
   comm::Communicator& comm = *comms_[device];
@@ -269,36 +264,44 @@ void DataParallel::run_device(int device, const TensorBatch& batch, const StepCo
   updating = true;
   times.wait = seconds_since(start);
   start = StepClock::now();
-  all_reduce_on_host(comm, loss_sum);
-  if (device == 0) result.loss = loss_sum.item();
-  for (const Tensor& sum : statistic_sums) all_reduce_on_host(comm, sum);
+  if (exchange_) exchange_->wait_for_sums(device);
+  const Tensor loss_sum = sum_over_devices(device, sums.size() - 1);
+  std::vector<Tensor> statistic_sums;
+  for (size_t i = params.size(); i + 1 < sums.size(); ++i) statistic_sums.push_back(sum_over_devices(device, i));
   if (!statistic_sums.empty()) statistics.apply(statistic_sums);
   times.communicate = seconds_since(start);
-  if (shared_weights_) return step_share(device, times);
-  start = StepClock::now();
-  for (const Tensor& grad : sums) all_reduce_on_host(comm, grad);
-  times.communicate += seconds_since(start);
-  start = StepClock::now();
-  bool finite = true;
-  if (!scalers_.empty()) {  // every device sees the same sum, so all decide alike
-    finite = scalers_[device].unscale(sums);
-    scalers_[device].update(finite);
-    if (device == 0) result.skipped = !finite;
-  }
-  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(sums[i]);
-  {
-    const comm::FlightPhase phase("optimizer");
-    if (finite) optimizers_[device]->step();
-  }
-  optimizers_[device]->zero_grad();
-  times.optimizer = seconds_since(start);
+  step_share(device, result, times);
+  if (exchange_) gather_shares(device, times);
+  // Last: on a GPU the host waits here until device 0 has run its whole step.
+  if (device == 0) result.loss = loss_sum.item();
 }
 
-void DataParallel::step_share(int device, DeviceTimes& times) {
+Tensor DataParallel::sum_over_devices(int device, size_t index) {
+  const Tensor& own = sums_[static_cast<size_t>(device)][index];
+  if (!exchange_) {
+    comms_[device]->all_reduce(own);
+    return own;
+  }
+  if (devices() == 1) return own;
+  // Into a tensor of its own: the other devices still read this device's sum.
+  const Tensor total = Tensor::empty(own.shape(), own.dtype(), own.device());
+  exchange_->fold(device, sums_, index, 0, total);
+  return total;
+}
+
+void DataParallel::fold_share(int device, size_t param, int64_t begin, const Tensor& out) {
+  if (exchange_) return exchange_->fold(device, sums_, param, begin, out);
+  const DType dtype = out.dtype();
+  const size_t offset = static_cast<size_t>(begin) * dtype_size(dtype);
+  std::vector<const void*> inputs(static_cast<size_t>(devices()));
+  for (size_t e = 0; e < inputs.size(); ++e) inputs[e] = static_cast<const char*>(sums_[e][param].raw_data()) + offset;
+  comm::tree_reduce(inputs.data(), devices(), out.raw_data(), out.numel(), dtype, comm::ReduceOp::sum);
+}
+
+void DataParallel::step_share(int device, StepResult& result, DeviceTimes& times) {
   StepClock::time_point start = StepClock::now();
   const std::vector<size_t>& owned = owned_[static_cast<size_t>(device)];
   const std::vector<Tensor>& views = share_views_[static_cast<size_t>(device)];
-  std::vector<const void*> inputs(static_cast<size_t>(devices()));
   {
     NoGradGuard no_grad;
     for (size_t j = 0; j < owned.size(); ++j) {
@@ -306,24 +309,46 @@ void DataParallel::step_share(int device, DeviceTimes& times) {
       // the other devices read only their own shares of them.
       const Tensor& sum = sums_[static_cast<size_t>(device)][owned[j]];
       const Share share = share_of(sum.numel(), device, devices(), sum.dtype());
-      if (devices() > 1) {  // one device's sum is already the whole
-        const size_t offset = static_cast<size_t>(share.begin) * dtype_size(sum.dtype());
-        for (size_t e = 0; e < inputs.size(); ++e)
-          inputs[e] = static_cast<const char*>(sums_[e][owned[j]].raw_data()) + offset;
-        comm::tree_reduce(inputs.data(), devices(), static_cast<char*>(sum.raw_data()) + offset, share.size,
-                          sum.dtype(), comm::ReduceOp::sum);
-      }
-      views[j].set_grad(slice(sum.reshape({sum.numel()}), 0, share.begin, share.begin + share.size));
+      const Tensor summed_share = slice(sum.reshape({sum.numel()}), 0, share.begin, share.begin + share.size);
+      if (devices() > 1) fold_share(device, owned[j], share.begin, summed_share);  // one device's sum is the whole
+      views[j].set_grad(summed_share);
     }
   }
   times.communicate += seconds_since(start);
   start = StepClock::now();
+  bool finite = true;
+  if (!scalers_.empty()) {
+    // Each device checks its shares only: the devices agree before any of them steps.
+    std::vector<Tensor> grads;
+    for (const Tensor& view : views) grads.push_back(view.grad());
+    finite = finite_on_every_device(*comms_[device], scalers_[device].unscale(grads));
+    scalers_[device].update(finite);
+    if (device == 0) result.skipped = !finite;
+  }
   {
     const comm::FlightPhase phase("optimizer");
-    optimizers_[static_cast<size_t>(device)]->step();
+    if (finite) optimizers_[static_cast<size_t>(device)]->step();
   }
   optimizers_[static_cast<size_t>(device)]->zero_grad();
   times.optimizer = seconds_since(start);
+}
+
+void DataParallel::gather_shares(int device, DeviceTimes& times) {
+  if (devices() == 1) return;
+  const StepClock::time_point start = StepClock::now();
+  exchange_->updates_queued(device);
+  comms_[device]->barrier();
+  exchange_->wait_for_updates(device);
+  const std::vector<Tensor>& mine = params_[static_cast<size_t>(device)];
+  for (int other = 0; other < devices(); ++other) {
+    if (other == device) continue;
+    const std::vector<Tensor>& theirs = params_[static_cast<size_t>(other)];
+    for (const size_t i : owned_[static_cast<size_t>(other)]) {
+      const Share share = share_of(theirs[i].numel(), other, devices(), theirs[i].dtype());
+      exchange_->copy_elements(theirs[i], mine[i], share.begin, share.size);
+    }
+  }
+  times.communicate += seconds_since(start);
 }
 
 StepResult DataParallel::step(const TensorBatch& batch, const StepContext& context) {
@@ -332,7 +357,8 @@ StepResult DataParallel::step(const TensorBatch& batch, const StepContext& conte
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
   StepResult result;
   result.devices.resize(static_cast<size_t>(devices()));
-  // Every device has folded its shares once the run is over: the sums go, error or not.
+  // Every device has folded its shares once the run is over (on GPUs, every device's stream
+  // waits for the others' folds before the run ends): the sums go, error or not.
   struct ReleaseSums {
     std::vector<std::vector<Tensor>>& sums;
     ~ReleaseSums() {
@@ -352,7 +378,12 @@ StepResult DataParallel::step(const TensorBatch& batch, const StepContext& conte
       }
     });
   } catch (const OutOfMemoryError&) {
+    if (exchange_) exchange_->drain();
     recover_from_failed_step();
+    throw;
+  } catch (...) {
+    // Another device's stream may still read a device's sums, which go on return.
+    if (exchange_) exchange_->drain();
     throw;
   }
   return result;

@@ -4,12 +4,15 @@
 // runs a contiguous run of them and folds their gradients as its subtree of the step's
 // tree, and the top of the tree is folded across devices in the all-reduce's order.
 //
-// CPU devices share one copy of the weights (host memory is every CPU device's memory).
 // Each device folds the top of the tree for its share of every parameter only (the slice
-// the one-host all-reduce would give it) and steps that share: no device repeats the
-// optimizer or copies sums back, and each holds 1/N of the optimizer state. That is ZeRO
-// stage 1 with nothing to gather. GPU replicas each keep their weights: the `local`
-// communicator all-reduces the sums, and every replica takes the same optimizer step.
+// the one-host all-reduce would give it), reading the other devices' sums where they lie,
+// and its optimizer steps that share: no device repeats the optimizer, and each holds 1/N
+// of the optimizer state (ZeRO stage 1). CPU devices share one copy of the weights (host
+// memory is every CPU device's memory), so there is nothing to gather. GPU replicas each
+// keep their weights: the folds run on the GPUs (gpu_share_exchange.h), and after the
+// update every device copies the other devices' updated shares into its own replica.
+// Under f16 each device checks its own shares for an overflow, and the devices agree on
+// the answer before any of them steps, so all skip or all step.
 //
 // For a fixed (seed, global batch, micro-batch) the weights are the same bits on any number
 // of devices whose share of micro-batches is a power of two, and with any number of threads
@@ -33,6 +36,8 @@
 
 namespace lockstep::parallel {
 
+class GpuShareExchange;
+
 struct DataParallelOptions {
   LossFunction loss = nullptr;  // one loss per sample of a micro-batch (loss_function.h)
   int devices = 1;              // devices 0 .. devices-1 of device_type
@@ -50,8 +55,8 @@ class DataParallel final : public Layout {
 
   // make_replica(d) must give the same model for every d, and on GPUs the same initial
   // weights (e.g. one seed); CPU devices all take replica 0's. make_optimizer(params) builds
-  // an elementwise optimizer (SGD, AdamW): over a replica's parameters, or on CPU devices
-  // over 1-D views of one device's shares of them.
+  // an elementwise optimizer (SGD, AdamW) over 1-D views of one device's shares of its
+  // replica's parameters (or, to load a state, over replica 0's parameters).
   DataParallel(const DataParallelOptions& options, const MakeReplica& make_replica,
                const OptimizerFactory& make_optimizer);
   ~DataParallel() override;
@@ -63,6 +68,8 @@ class DataParallel final : public Layout {
   StepResult step(const TensorBatch& batch, const StepContext& context) override;
 
   nn::Module& model() override { return replica(0); }
+  // Into every replica: GPU replicas hold their own weights, so loading only replica(0)
+  // would leave the others behind.
   void load_model_state(const NamedTensors& state) override;
   std::vector<Device> local_devices() const override;
   int devices() const { return static_cast<int>(replicas_.size()); }
@@ -77,12 +84,12 @@ class DataParallel final : public Layout {
   void set_lr(double lr) override;
   double lr() const override;
   // The optimizer state as one unsharded optimizer over a replica's parameters holds it
-  // (on CPU devices gathered from their shares; under f16 with the loss scaler's entries),
-  // and its loading into every device. Checkpoints hold it, so they load on any number of
-  // devices.
+  // (put together from the devices' shares, on device 0; under f16 with the loss scaler's
+  // entries), and its loading, which hands every device its shares. Checkpoints hold it, so
+  // they load on any number of devices, CPU or GPU.
   NamedTensors optimizer_state() override;
   void load_optimizer_state(const NamedTensors& state) override;
-  // Bytes of optimizer state device d holds (about 1/devices() of the whole on CPU devices).
+  // Bytes of optimizer state device d holds (about 1/devices() of the whole).
   int64_t optimizer_state_bytes(int device) const;
 
  private:
@@ -93,10 +100,22 @@ class DataParallel final : public Layout {
   // communicator group for the aborted one, so the next step starts clean (each step
   // discards the statistics a failed one left).
   void recover_from_failed_step();
-  // Shared weights: folds device d's share of every device's sums and steps it.
-  void step_share(int device, DeviceTimes& times);
-  // Shared weights: the position of parameter `param` among device d's optimizer's
-  // parameters, or -1 when its share of it is empty.
+  // Entry `index` of the devices' sums (the loss's, a running statistic's) summed over every
+  // device in the tree's order: on CPU devices all-reduced in place by the `local`
+  // communicator (every device calls it), on GPUs folded by each device into a tensor of
+  // its own.
+  Tensor sum_over_devices(int device, size_t index);
+  // Elements [begin, begin + out.numel()) of parameter `param`'s sum over every device, in
+  // the tree's order, into out (those elements of device d's own sum).
+  void fold_share(int device, size_t param, int64_t begin, const Tensor& out);
+  // Folds device d's share of every device's sums and steps it (under f16 once every
+  // device has said whether its shares are finite).
+  void step_share(int device, StepResult& result, DeviceTimes& times);
+  // GPU replicas: once every device has stepped its shares, copies the other devices'
+  // updated shares into device d's replica.
+  void gather_shares(int device, DeviceTimes& times);
+  // The position of parameter `param` among device d's optimizer's parameters, or -1 when
+  // its share of it is empty.
   int local_index(int device, size_t param) const;
 
   DataParallelOptions options_;
@@ -104,17 +123,18 @@ class DataParallel final : public Layout {
   OptimizerFactory make_optimizer_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;
   std::vector<std::vector<Tensor>> params_;  // per device: its replica's parameters
-  // Shared weights, per device: the parameters whose share is not empty, in order, and
-  // 1-D views of those shares (its optimizer's parameters).
+  // Per device: the parameters whose share is not empty, in order, and 1-D views of those
+  // shares (its optimizer's parameters).
   std::vector<std::vector<size_t>> owned_;
   std::vector<std::vector<Tensor>> share_views_;
-  // Shared weights, per device: the sums of its subtree during a step, which every device
-  // reads its share of.
+  // Per device, during a step: the sums of its subtree (the parameters', the running
+  // statistics', the loss's), which every device reads.
   std::vector<std::vector<Tensor>> sums_;
   std::vector<StepStatistics> statistics_;  // per device: its replica's running statistics
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
   std::vector<optim::LossScaler> scalers_;  // f16: one per device, all alike
   std::vector<std::shared_ptr<comm::Communicator>> comms_;
+  std::unique_ptr<GpuShareExchange> exchange_;  // GPU devices
   std::unique_ptr<DeviceWorkers> workers_;
 };
 
