@@ -344,17 +344,47 @@ TEST(NcclCommunicator, WorldOfOneRunsEveryCollective) {
   }
 }
 
-TEST(NcclCommunicator, TensorOnAnotherDeviceIsNamed) {
+// A host tensor (a step's flag, its loss, a checkpoint's pieces) travels through the rank's
+// GPU and back, so a layout never asks which backend it has.
+TEST(NcclCommunicator, HostTensorsTravelThroughTheRanksGpu) {
   REQUIRE_CUDA_DEVICES(1);
-  run_ranks(1, false, [](NcclCommunicator& comm) {
-    Tensor host = Tensor::ones({8});
+  const int n = world_size();
+  run_ranks(n, true, [n](NcclCommunicator& comm) {
+    EXPECT_EQ(comm.memory(), Device(DeviceType::cuda, comm.rank()));
+    const double mine = comm.rank() + 1.5;
+    const Tensor loss = Tensor::from_vector(std::vector<double>{mine, -mine}, {2});
+    comm.all_reduce(loss);
+    EXPECT_EQ(loss.device(), Device::cpu());
+    EXPECT_EQ(loss.to_vector<double>(), (std::vector<double>{n * (n + 2) / 2.0, -n * (n + 2) / 2.0}));
+    const Tensor flag = Tensor::from_vector(std::vector<int64_t>{comm.rank() == n - 1 ? 7 : 0}, {1});
+    comm.all_reduce(flag, ReduceOp::max);
+    EXPECT_EQ(flag.to_vector<int64_t>(), std::vector<int64_t>{7});
+    const Tensor root = Tensor::full({3}, comm.rank() == 0 ? 2.5 : -1.0);
+    comm.broadcast(root, 0);
+    EXPECT_EQ(root.to_vector<float>(), (std::vector<float>{2.5f, 2.5f, 2.5f}));
+    const Tensor gathered = Tensor::empty({n});
+    comm.all_gather(Tensor::full({1}, static_cast<double>(comm.rank())), gathered);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(gathered.to_vector<float>()[static_cast<size_t>(r)], r);
+    if (n >= 2 && comm.rank() < 2) {  // a message from host memory to host memory
+      const Tensor message = Tensor::full({5}, comm.rank() == 0 ? 4.0 : 0.0, DType::f64);
+      if (comm.rank() == 0) comm.send(message, 1, 3);
+      if (comm.rank() == 1) comm.recv(message, 0, 3);
+      EXPECT_EQ(message.to_vector<double>(), std::vector<double>(5, 4.0)) << "rank " << comm.rank();
+    }
+  });
+}
+
+TEST(NcclCommunicator, TensorOnAnotherGpuIsNamed) {
+  REQUIRE_CUDA_DEVICES(2);
+  run_ranks(2, false, [](NcclCommunicator& comm) {
+    Tensor elsewhere = cuda_empty({8}, DType::f32, 1 - comm.rank());
     try {
-      comm.all_reduce(host);
-      ADD_FAILURE() << "a CPU tensor was accepted";
+      comm.all_reduce(elsewhere);
+      ADD_FAILURE() << "a tensor on another GPU was accepted";
     } catch (const Error& error) {
       const std::string message = error.what();
-      EXPECT_NE(message.find("cpu:0"), std::string::npos) << message;
-      EXPECT_NE(message.find("cuda:0"), std::string::npos) << message;
+      EXPECT_NE(message.find("passed a tensor on cuda:1 but its communicator is on cuda:0"), std::string::npos)
+          << message;
     }
   });
 }

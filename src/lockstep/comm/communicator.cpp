@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "lockstep/comm/staged_tensor.h"
 #include "lockstep/comm/tree_reduce.h"
 
 namespace lockstep::comm {
@@ -178,7 +179,11 @@ std::function<void()> Communicator::prepare_all_reduce(const Tensor& tensor, Red
   check_contiguous(tensor, "in-place", "all_reduce");
   check_reducible(tensor.dtype(), op);
   const CollectiveDesc desc = next_desc(CollectiveKind::all_reduce, &tensor, tensor.numel(), op, 0);
-  return recorded(desc, [this, tensor, desc] { do_all_reduce(tensor, desc); });
+  return recorded(desc, [this, tensor, desc] {
+    const StagedTensor staged(tensor, memory(), /*reads=*/true);
+    do_all_reduce(staged.get(), desc);
+    staged.write_back();
+  });
 }
 
 std::function<void()> Communicator::prepare_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) {
@@ -192,7 +197,11 @@ std::function<void()> Communicator::prepare_reduce_scatter(const Tensor& input, 
       << output.numel() * size() << ")";
   check_reducible(input.dtype(), op);
   const CollectiveDesc desc = next_desc(CollectiveKind::reduce_scatter, &input, output.numel(), op, 0);
-  return recorded(desc, [this, input, output, desc] { do_reduce_scatter(input, output, desc); });
+  return recorded(desc, [this, input, output, desc] {
+    const StagedTensor in(input, memory(), /*reads=*/true), out(output, memory(), /*reads=*/false);
+    do_reduce_scatter(in.get(), out.get(), desc);
+    out.write_back();
+  });
 }
 
 std::function<void()> Communicator::prepare_all_gather(const Tensor& input, const Tensor& output) {
@@ -205,28 +214,42 @@ std::function<void()> Communicator::prepare_all_gather(const Tensor& input, cons
       << "; output must hold one input-sized slice per rank (" << size() << " x " << input.numel() << " = "
       << input.numel() * size() << ")";
   const CollectiveDesc desc = next_desc(CollectiveKind::all_gather, &input, input.numel(), ReduceOp::sum, 0);
-  return recorded(desc, [this, input, output, desc] { do_all_gather(input, output, desc); });
+  return recorded(desc, [this, input, output, desc] {
+    const StagedTensor in(input, memory(), /*reads=*/true), out(output, memory(), /*reads=*/false);
+    do_all_gather(in.get(), out.get(), desc);
+    out.write_back();
+  });
 }
 
 std::function<void()> Communicator::prepare_broadcast(const Tensor& tensor, int root) {
   check_contiguous(tensor, "in-place", "broadcast");
   check_peer(root, size(), "broadcast");
   const CollectiveDesc desc = next_desc(CollectiveKind::broadcast, &tensor, tensor.numel(), ReduceOp::sum, root);
-  return recorded(desc, [this, tensor, desc] { do_broadcast(tensor, desc); });
+  return recorded(desc, [this, tensor, desc] {
+    const StagedTensor staged(tensor, memory(), /*reads=*/true);
+    do_broadcast(staged.get(), desc);
+    staged.write_back();
+  });
 }
 
 std::function<void()> Communicator::prepare_send(const Tensor& tensor, int peer, int tag) {
   check_contiguous(tensor, "sent", "send");
   check_peer(peer, size(), "send");
   LOCKSTEP_CHECK(peer != rank()) << "send: rank " << rank() << " cannot send to itself";
-  return recorded(point_to_point("send", tensor, peer, tag), [this, tensor, peer, tag] { do_send(tensor, peer, tag); });
+  return recorded(point_to_point("send", tensor, peer, tag), [this, tensor, peer, tag] {
+    do_send(StagedTensor(tensor, memory(), /*reads=*/true).get(), peer, tag);
+  });
 }
 
 std::function<void()> Communicator::prepare_recv(const Tensor& tensor, int peer, int tag) {
   check_contiguous(tensor, "receiving", "recv");
   check_peer(peer, size(), "recv");
   LOCKSTEP_CHECK(peer != rank()) << "recv: rank " << rank() << " cannot receive from itself";
-  return recorded(point_to_point("recv", tensor, peer, tag), [this, tensor, peer, tag] { do_recv(tensor, peer, tag); });
+  return recorded(point_to_point("recv", tensor, peer, tag), [this, tensor, peer, tag] {
+    const StagedTensor staged(tensor, memory(), /*reads=*/false);
+    do_recv(staged.get(), peer, tag);
+    staged.write_back();
+  });
 }
 
 void Communicator::all_reduce(const Tensor& tensor, ReduceOp op) {

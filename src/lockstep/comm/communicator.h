@@ -93,6 +93,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // memory (`mpi`, `nccl`), that is unless shares_memory().
   virtual Tensor empty_common(const Shape& shape, DType dtype, Device device = Device::cpu());
   virtual bool shares_memory() const { return false; }
+  // The memory this backend moves: host memory, or (`nccl`) its GPU's. Tensors on another
+  // kind of device are staged through a copy there (staged_tensor.h), so every call takes
+  // tensors on any device.
+  virtual Device memory() const { return Device::cpu(); }
 
   // How the flight recorder (flight_recorder.h) names this group: "world" for a job's
   // communicator, "world/split3/color1" for what its third collective, a split, made.
@@ -110,9 +114,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // abort()'s part for this group: tell its peers. Backends that cannot do nothing.
   virtual void abort_peers(const std::string& /*reason*/) {}
 
-  // Backends implement these. Tensors are contiguous and locally consistent (sizes agree
-  // with size(), dtypes reducible, ranks in range); desc carries the call's sequence
-  // number and arguments for the cross-rank check.
+  // Backends implement these. Tensors are contiguous, in the backend's memory() and locally
+  // consistent (sizes agree with size(), dtypes reducible, ranks in range); desc carries
+  // the call's sequence number and arguments for the cross-rank check.
   virtual void do_all_reduce(const Tensor& tensor, const CollectiveDesc& desc) = 0;
   virtual void do_reduce_scatter(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) = 0;
   virtual void do_all_gather(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) = 0;

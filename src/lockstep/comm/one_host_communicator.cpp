@@ -176,18 +176,9 @@ size_t OneHostCommunicator::piece_elements(DType dtype, int64_t per_element_mult
 
 // ---- collectives ----
 
-template <typename Call>
-void OneHostCommunicator::require_host_memory(const Tensor& tensor, Call call) {
-  if (tensor.device().is_cpu()) return;
-  // Failing through the slot tells the peers at once instead of at their timeout.
-  fail(call() + ": rank " + std::to_string(rank()) + " passed a tensor on " + tensor.device().str() + "; the " +
-       backend() + " backend moves host memory: use CPU tensors, or the nccl backend for CUDA ones");
-}
-
 void OneHostCommunicator::do_barrier(const CollectiveDesc& desc) { enter(desc, BufferRef(), true); }
 
 void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc& desc) {
-  require_host_memory(tensor, [&] { return describe(desc); });
   if (size() == 1) return;  // the fold of one buffer is itself (avg divides by 1)
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;
@@ -223,8 +214,6 @@ void OneHostCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDe
 }
 
 void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
-  require_host_memory(input, [&] { return describe(desc); });
-  require_host_memory(output, [&] { return describe(desc); });
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;  // per rank
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, size()));
@@ -262,8 +251,6 @@ void OneHostCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& o
 }
 
 void OneHostCommunicator::do_all_gather(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
-  require_host_memory(input, [&] { return describe(desc); });
-  require_host_memory(output, [&] { return describe(desc); });
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;  // per rank
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -287,7 +274,6 @@ void OneHostCommunicator::do_all_gather(const Tensor& input, const Tensor& outpu
 }
 
 void OneHostCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& desc) {
-  require_host_memory(tensor, [&] { return describe(desc); });
   const size_t element = dtype_size(desc.dtype);
   const int64_t count = desc.count;
   const int64_t piece = static_cast<int64_t>(piece_elements(desc.dtype, 1));
@@ -338,7 +324,6 @@ void OneHostCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
          << ")";
     return what.str();
   };
-  require_host_memory(tensor, call);
   Channel* channel = layout_.channel(control_, rank(), peer);
   char* area = layout_.channel_data(control_, rank(), peer);
   const char* data = static_cast<const char*>(tensor.raw_data());
@@ -365,7 +350,6 @@ void OneHostCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
          << ")";
     return what.str();
   };
-  require_host_memory(tensor, call);
   Channel* channel = layout_.channel(control_, peer, rank());
   const char* area = layout_.channel_data(control_, peer, rank());
   char* data = static_cast<char*>(tensor.raw_data());

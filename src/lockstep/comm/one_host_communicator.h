@@ -78,9 +78,6 @@ class OneHostCommunicator : public Communicator {
   void do_barrier(const CollectiveDesc& desc) override;
   std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveDesc& desc) override;
 
-  // call() describes the call for the error, built only when there is one.
-  template <typename Call>
-  void require_host_memory(const Tensor& tensor, Call call);
   // Enters a collective: posts desc and buffer, waits for all, checks that they agree.
   void enter(const CollectiveDesc& desc, const BufferRef& buffer, bool first_piece);
   // Publishes [data, data + bytes): directly, or through staging (copying it in when

@@ -141,6 +141,7 @@ NcclCommunicator::~NcclCommunicator() {
 
 int NcclCommunicator::cuda_device() const { return state_->device; }
 bool NcclCommunicator::deterministic() const { return state_->deterministic; }
+Device NcclCommunicator::memory() const { return nccl::cuda_device(state_->device); }
 
 // ---- the cross-rank check ----
 
@@ -199,7 +200,8 @@ void NcclCommunicator::agree(const CollectiveDesc& desc, const Tensor* a, const 
         << "nccl backend: " << describe(desc) << ": rank " << r << " passed a tensor on "
         << Device(static_cast<DeviceType>(w.stray_type), w.stray_index) << " but its communicator is on "
         << nccl::cuda_device(w.device)
-        << "; the nccl backend moves tensors on its own GPU: copy the tensor there first";
+        << "; the nccl backend moves tensors on its own GPU (host tensors travel through it, another GPU's do "
+           "not): copy the tensor there first";
   }
 }
 

@@ -27,6 +27,8 @@ class NcclCommunicator : public Communicator {
   const char* backend() const override { return "nccl"; }
   int cuda_device() const;
   bool deterministic() const;
+  // This rank's GPU: host tensors (a flag, a loss, a checkpoint's pieces) go through it.
+  Device memory() const override;
 
   // Calls wait until their result is complete on this rank. They first wait for the work
   // queued so far on the device's legacy default stream (and the blocking streams), which

@@ -24,22 +24,19 @@ constexpr size_t kDefaultMaxMessageBytes = size_t{256} << 20;
 constexpr size_t kMaxMessageBytesLimit = size_t{1} << 30;
 // all_reduce slices start at multiples of this many bytes of the piece.
 
-// What one rank says about a collective, as fixed-size bytes for MPI_Allgather: the call, the
-// device of any tensor that is not on a CPU (so every rank can fail alike), and its piece size
-// (the ranks must cut messages the same way; rank 0's wins).
+// What one rank says about a collective, as fixed-size bytes for MPI_Allgather: the call and
+// its piece size (the ranks must cut messages the same way; rank 0's wins). Its tensors are in
+// host memory: the Communicator stages any other through it.
 struct WireDesc {
   uint64_t sequence;
   int64_t count;
   uint64_t max_message_bytes;
   int32_t root;
-  int32_t device_index;
   uint8_t kind;
   uint8_t dtype;
   uint8_t op;
-  uint8_t device_type;  // 0xff: every tensor of the call is on a CPU device
-  uint32_t reserved;
+  uint8_t reserved;
 };
-constexpr uint8_t kAllOnCpu = 0xff;
 
 // What a send announces before its bytes, so recv can check dtype and size.
 struct WireHeader {
@@ -56,16 +53,8 @@ std::string p2p_what(const char* verb, const char* preposition, int peer, int ta
   return out.str();
 }
 
-void check_cpu(const Tensor& tensor, const std::string& what) {
-  LOCKSTEP_CHECK(tensor.device().is_cpu())
-      << "mpi backend: " << what << ": the tensor is on " << tensor.device()
-      << "; the mpi backend moves CPU tensors only: copy it with .to(Device::cpu()), or use the nccl backend "
-         "for CUDA tensors";
-}
-
-// What a send or receive checks before it touches MPI: a CPU tensor and a tag MPI accepts.
-void check_p2p(const Tensor& tensor, int tag, int tag_upper_bound, const std::string& what) {
-  check_cpu(tensor, what);
+// What a send or receive checks before it touches MPI: a tag MPI accepts.
+void check_p2p(int tag, int tag_upper_bound, const std::string& what) {
   LOCKSTEP_CHECK(tag >= 0 && tag <= tag_upper_bound)
       << "mpi backend: " << what << ": tags must be in 0.." << tag_upper_bound << " (MPI_TAG_UB)";
 }
@@ -199,7 +188,7 @@ void MpiCommunicator::set_max_message_bytes(size_t bytes) {
 
 namespace {
 
-WireDesc to_wire(const CollectiveDesc& desc, const Tensor* a, const Tensor* b, size_t max_message_bytes) {
+WireDesc to_wire(const CollectiveDesc& desc, size_t max_message_bytes) {
   WireDesc wire;
   std::memset(&wire, 0, sizeof wire);  // no stray padding bytes on the wire
   wire.sequence = desc.sequence;
@@ -209,14 +198,6 @@ WireDesc to_wire(const CollectiveDesc& desc, const Tensor* a, const Tensor* b, s
   wire.kind = static_cast<uint8_t>(desc.kind);
   wire.dtype = static_cast<uint8_t>(desc.dtype);
   wire.op = static_cast<uint8_t>(desc.op);
-  wire.device_type = kAllOnCpu;
-  for (const Tensor* t : {a, b}) {
-    if (t && !t->device().is_cpu()) {
-      wire.device_type = static_cast<uint8_t>(t->device().type());
-      wire.device_index = t->device().index();
-      break;
-    }
-  }
   return wire;
 }
 
@@ -231,11 +212,10 @@ CollectiveDesc from_wire(const WireDesc& wire) {
   return desc;
 }
 
-// Exchanges every rank's description and throws (on every rank alike) if they differ or a
-// tensor is not on a CPU. Returns the piece size all ranks use.
-size_t agree(MPI_Comm comm, int n, const CollectiveDesc& desc, const Tensor* a, const Tensor* b,
-             size_t max_message_bytes, const Operation& op) {
-  const WireDesc mine = to_wire(desc, a, b, max_message_bytes);
+// Exchanges every rank's description and throws (on every rank alike) if they differ.
+// Returns the piece size all ranks use.
+size_t agree(MPI_Comm comm, int n, const CollectiveDesc& desc, size_t max_message_bytes, const Operation& op) {
+  const WireDesc mine = to_wire(desc, max_message_bytes);
   std::vector<WireDesc> all(static_cast<size_t>(n));
   op.check(MPI_Allgather(&mine, sizeof(WireDesc), MPI_BYTE, all.data(), sizeof(WireDesc), MPI_BYTE, comm),
            "MPI_Allgather of the call descriptions");
@@ -243,14 +223,6 @@ size_t agree(MPI_Comm comm, int n, const CollectiveDesc& desc, const Tensor* a, 
   descs.reserve(all.size());
   for (const WireDesc& wire : all) descs.push_back(from_wire(wire));
   check_same_on_all_ranks(descs.data(), n);
-  for (int r = 0; r < n; ++r) {
-    const WireDesc& wire = all[static_cast<size_t>(r)];
-    LOCKSTEP_CHECK(wire.device_type == kAllOnCpu)
-        << "mpi backend: " << describe(desc) << ": rank " << r << " passed a tensor on "
-        << Device(static_cast<DeviceType>(wire.device_type), wire.device_index)
-        << "; the mpi backend moves CPU tensors only: copy it with .to(Device::cpu()), or use the nccl backend "
-           "for CUDA tensors";
-  }
   return static_cast<size_t>(all[0].max_message_bytes);
 }
 
@@ -293,7 +265,7 @@ void exchange_and_fold(const Exchange& x, const char* send_base, MPI_Datatype se
 void MpiCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc& desc) {
   Operation op(describe(desc), timeout(), rank());
   const int n = size();
-  const size_t piece_bytes = agree(handle_->comm, n, desc, &tensor, nullptr, max_message_bytes(), op);
+  const size_t piece_bytes = agree(handle_->comm, n, desc, max_message_bytes(), op);
   const int64_t count = desc.count;
   if (count == 0) return;
   const Exchange exchange{handle_->comm, n, rank(), op};
@@ -325,7 +297,7 @@ void MpiCommunicator::do_all_reduce(const Tensor& tensor, const CollectiveDesc& 
 void MpiCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
   Operation op(describe(desc), timeout(), rank());
   const int n = size();
-  const size_t piece_bytes = agree(handle_->comm, n, desc, &input, &output, max_message_bytes(), op);
+  const size_t piece_bytes = agree(handle_->comm, n, desc, max_message_bytes(), op);
   const int64_t count = desc.count;  // elements per slice
   if (count == 0) return;
   const Exchange exchange{handle_->comm, n, rank(), op};
@@ -365,7 +337,7 @@ void MpiCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& outpu
 void MpiCommunicator::do_all_gather(const Tensor& input, const Tensor& output, const CollectiveDesc& desc) {
   Operation op(describe(desc), timeout(), rank());
   const int n = size();
-  const size_t piece_bytes = agree(handle_->comm, n, desc, &input, &output, max_message_bytes(), op);
+  const size_t piece_bytes = agree(handle_->comm, n, desc, max_message_bytes(), op);
   if (desc.count == 0) return;
   const size_t es = dtype_size(desc.dtype);
   const size_t slice_bytes = static_cast<size_t>(desc.count) * es;
@@ -406,7 +378,7 @@ void MpiCommunicator::do_all_gather(const Tensor& input, const Tensor& output, c
 
 void MpiCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& desc) {
   Operation op(describe(desc), timeout(), rank());
-  const size_t piece_bytes = agree(handle_->comm, size(), desc, &tensor, nullptr, max_message_bytes(), op);
+  const size_t piece_bytes = agree(handle_->comm, size(), desc, max_message_bytes(), op);
   char* data = static_cast<char*>(tensor.raw_data());
   const size_t bytes = tensor.nbytes();
   for (size_t offset = 0; offset < bytes; offset += piece_bytes) {
@@ -418,13 +390,13 @@ void MpiCommunicator::do_broadcast(const Tensor& tensor, const CollectiveDesc& d
 
 void MpiCommunicator::do_barrier(const CollectiveDesc& desc) {
   Operation op(describe(desc), timeout(), rank());
-  agree(handle_->comm, size(), desc, nullptr, nullptr, max_message_bytes(), op);
+  agree(handle_->comm, size(), desc, max_message_bytes(), op);
   op.check(MPI_Barrier(handle_->comm), "MPI_Barrier");
 }
 
 std::shared_ptr<Communicator> MpiCommunicator::do_split(int color, int key, const CollectiveDesc& desc) {
   Operation op(describe(desc), timeout(), rank());
-  agree(handle_->comm, size(), desc, nullptr, nullptr, max_message_bytes(), op);
+  agree(handle_->comm, size(), desc, max_message_bytes(), op);
   auto handle = std::make_unique<Handle>();
   handle->tag_upper_bound = handle_->tag_upper_bound;
   // MPI orders the new ranks by (key, old rank), as split() promises.
@@ -444,7 +416,7 @@ std::shared_ptr<Communicator> MpiCommunicator::do_split(int color, int key, cons
 
 void MpiCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
   const std::string what = p2p_what("send", "to", peer, tag, tensor);
-  check_p2p(tensor, tag, handle_->tag_upper_bound, what);
+  check_p2p(tag, handle_->tag_upper_bound, what);
   Operation op(what, timeout(), rank());
   WireHeader header;
   std::memset(&header, 0, sizeof header);
@@ -462,7 +434,7 @@ void MpiCommunicator::do_send(const Tensor& tensor, int peer, int tag) {
 
 void MpiCommunicator::do_recv(const Tensor& tensor, int peer, int tag) {
   const std::string what = p2p_what("recv", "from", peer, tag, tensor);
-  check_p2p(tensor, tag, handle_->tag_upper_bound, what);
+  check_p2p(tag, handle_->tag_upper_bound, what);
   Operation op(what, timeout(), rank());
   WireHeader header;
   std::memset(&header, 0, sizeof header);
