@@ -16,6 +16,7 @@
 #include "lockstep/nn/init.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/optim/adamw.h"
+#include "testing/devices.h"
 #include "testing/errors.h"
 #include "testing/torch_match.h"
 
@@ -45,11 +46,15 @@ Tensor some_tokens(int64_t rows, int64_t cols, int64_t vocab, uint64_t salt = 0)
   return Tensor::from_vector(values, {rows, cols});
 }
 
-TEST(GptTorch, LogitsLossAndGradientsMatchPytorch) {
+// On each test device: the CPU's kernels and the GPU's (cuBLAS, the row kernels) alike.
+class GptTorch : public testing::DeviceTest {};
+
+TEST_P(GptTorch, LogitsLossAndGradientsMatchPytorch) {
   const TensorFile fixture =
       load_safetensors(std::string(LOCKSTEP_SOURCE_DIR) + "/tests/fixtures/torch_gpt.safetensors");
   ASSERT_EQ(fixture.metadata.at("config"), "vocab=256,context=16,layers=2,heads=2,width=32");
   Gpt model(fixture_config());
+  model.to(GetParam());
 
   // Same names in the same order as PyTorch's named_parameters(): weights load unchanged.
   std::string names;
@@ -62,14 +67,17 @@ TEST(GptTorch, LogitsLossAndGradientsMatchPytorch) {
   ASSERT_EQ(names, fixture.metadata.at("parameters"));
   model.load_state_dict(weights);
 
-  const Tensor logits = model.forward(fixture.at("tokens"));
-  const Tensor loss = nn::gpt_loss(logits, fixture.at("targets"));
+  const Tensor logits = model.forward(fixture.at("tokens").to(GetParam()));
+  const Tensor loss = nn::gpt_loss(logits, fixture.at("targets").to(GetParam()));
   loss.backward();
+  EXPECT_EQ(logits.device(), GetParam());
   expect_matches(logits, fixture.at("logits"), "logits");
   expect_matches(loss, fixture.at("loss"), "loss");
   for (const auto& [name, t] : model.named_parameters())
     expect_matches(t.grad(), fixture.at("grad." + name), "grad." + name);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, GptTorch, LOCKSTEP_TEST_DEVICES);
 
 TEST(GptModel, ParameterNamesShapesAndCount) {
   const GptConfig c = fixture_config();

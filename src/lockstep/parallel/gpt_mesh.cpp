@@ -5,6 +5,7 @@
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/comm/flight_recorder.h"
+#include "lockstep/core/autocast.h"
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/gradient_collector.h"
 #include "lockstep/parallel/gradient_tree.h"
@@ -28,6 +29,9 @@ std::string check_gpt_mesh(const nn::GptConfig& config, const GptMeshOptions& op
     error << "ZeRO stage 2 (the reduced gradients sharded too) is not built for the GPT mesh: use zero_stage 1 "
              "(lockstep train --strategy zero1 with --dp/--tp/--pp), or ZeRO-2 under distributed data parallelism "
              "(--strategy zero2 without --dp/--tp/--pp)";
+  } else if (options.precision != DType::f32 && options.precision != DType::bf16) {
+    error << "the GPT mesh computes in f32 or bf16 (matrix products on GPUs), not " << dtype_name(options.precision)
+          << ": f16 needs a loss scale that every stage agrees on; use bf16, or f16 with data parallelism";
   } else if (options.zero_stage != 0 && options.zero_stage != 1) {
     error << "the GPT mesh's ZeRO stage must be 0 (every rank steps all its parameters) or 1 (the optimizer state "
              "sharded across each data-parallel group), got "
@@ -66,6 +70,7 @@ GptMeshRank::GptMeshRank(const nn::Gpt& full, const GptMeshOptions& options, std
     : options_(options), mesh_(std::move(world), options.mesh), device_(device) {
   LOCKSTEP_CHECK(options.micro_batch >= 1)
       << "the micro-batch must hold at least one sample, got " << options.micro_batch;
+  check_precision(options.precision, device);
   blocks_per_stage_ = gpt_blocks_per_stage(full.config, options);
   const std::vector<GptStagePlan> plans = gpt_stage_plans(blocks_per_stage_);
   stage_ = std::make_unique<GptStage>(full, plans.at(static_cast<size_t>(mesh_.coord().pp)), mesh_.tp_group());
@@ -149,6 +154,7 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
       }
       const StepClock::time_point compute = StepClock::now();
       part.set_forward_context({.seed = seed, .step = step, .first_sample = first_sample + row});
+      const AutocastGuard autocast(options_.precision);
       const Tensor output = part.forward(slot.input);
       slot.output = part.last() ? part.loss_sum(output, slice(targets, 0, row, row + micro).to(device_)) : output;
       times.compute += seconds_since(compute);
@@ -164,7 +170,10 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
     }
     StepClock::time_point compute = StepClock::now();
     GradientCollector collected(*gradients_);
-    slot.output.backward(gradient);
+    {
+      const AutocastGuard autocast(options_.precision);  // recomputed blocks round as their forward did
+      slot.output.backward(gradient);
+    }
     times.compute += seconds_since(compute);
     if (!part.first()) links.send(slot.input.grad(), stage - 1, kGradient);
     if (part.last() && !part.first()) {
@@ -181,7 +190,12 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
       tied.copy_from(tied + head);
     }
     compute = StepClock::now();
-    if (part.last()) leaf.push_back(Tensor::full({1}, slot.output.item() / weight, DType::f64));
+    // The micro-batch's loss, divided where it lies (f32 to f64 is exact; one IEEE division,
+    // as run_micro_batch does), so a GPU stage does not wait for it.
+    if (part.last()) {
+      leaf.push_back(
+          div(reshape(slot.output.detach(), {1}).to(DType::f64), Tensor::full({1}, weight, DType::f64, device_)));
+    }
     tree.add_leaf(std::move(leaf));
     slot = InFlight{};  // this micro-batch's activations go now
     times.compute += seconds_since(compute);
@@ -199,10 +213,10 @@ StepResult GptMeshRank::step(const Tensor& tokens, const Tensor& targets, int64_
   times.wait = seconds_since(start);
   start = StepClock::now();
   if (!sharded_) dp.all_reduce(sums[0]);  // ZeRO-1 reduce-scatters them in its step
-  const Tensor loss = part.last() ? sums[1] : Tensor::zeros({1}, DType::f64);
+  const Tensor loss = part.last() ? sums[1] : Tensor::zeros({1}, DType::f64, device_);
   if (part.last()) dp.all_reduce(loss);
   pp.broadcast(loss, stages - 1);
-  outcome.loss = loss.data<double>()[0];
+  outcome.loss = loss.item();
   times.communicate += seconds_since(start);
 
   if (sharded_) {

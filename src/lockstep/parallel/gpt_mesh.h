@@ -41,6 +41,10 @@ struct GptMeshOptions {
   // of all-reduced, each rank steps its shard and all-gathers the weights. The same bits as
   // 0, with 1/D of the optimizer state. Stage 2 is not built for the mesh.
   int zero_stage = 0;
+  // GPU ranks: bf16 rounds the matrix products' operands inside forward and backward
+  // (core/autocast.h), as data parallelism does; f32 computes in f32. f16 would need a
+  // loss scale the whole pipeline agrees on, and is not built for the mesh.
+  DType precision = DType::f32;
 };
 
 // "" when the model cuts into the layout, else what does not divide what and how to fix it

@@ -6,20 +6,25 @@ GptMeshParallel::GptMeshParallel(const GptMeshParallelOptions& options, const Ma
                                  const OptimizerFactory& make_optimizer)
     : options_(options), make_model_(make_model) {
   const int size = options.mesh.mesh.size();
+  const int here = options.world ? 1 : size;
+  devices_ = options.devices.empty() ? first_devices(DeviceType::cpu, here) : options.devices;
+  LOCKSTEP_CHECK(static_cast<int>(devices_.size()) == here)
+      << "GptMeshParallel: " << devices_.size() << " device(s) given for the " << here << " rank(s) of a mesh of "
+      << options.mesh.mesh.str() << " that this process drives; give one device per rank";
   if (options.world) {
     LOCKSTEP_CHECK(options.world->size() == size)
         << "a mesh of " << options.mesh.mesh.str() << " needs " << size << " ranks, but the job has "
         << options.world->size() << " processes";
   } else {
-    local_ = std::make_unique<LocalRanks>(size, options.threads_per_device);
+    local_ = std::make_unique<LocalRanks>(devices_, options.threads_per_device);
   }
   // Every rank cuts its part from one full model, which goes once they have.
   const std::shared_ptr<nn::Gpt> full = make_model();
-  ranks_.resize(local_ ? static_cast<size_t>(size) : 1);
-  // Rank i of those here lives on cpu:i: every rank under threads, one (cpu:0) per process.
+  ranks_.resize(static_cast<size_t>(here));
   run_local([&](int i) {
-    ranks_[static_cast<size_t>(i)] = std::make_unique<GptMeshRank>(
-        *full, options.mesh, local_ ? local_->comm(i) : options.world, Device::cpu(i), make_optimizer);
+    ranks_[static_cast<size_t>(i)] =
+        std::make_unique<GptMeshRank>(*full, options.mesh, local_ ? local_->comm(i) : options.world,
+                                      devices_[static_cast<size_t>(i)], make_optimizer);
   });
 }
 
@@ -91,12 +96,6 @@ NamedTensors GptMeshParallel::optimizer_state_on(int root) {
 
 void GptMeshParallel::load_optimizer_state(const NamedTensors& state) {
   for (const auto& rank : ranks_) rank->load_full_optimizer_state(state);
-}
-
-std::vector<Device> GptMeshParallel::local_devices() const {
-  std::vector<Device> devices;
-  for (size_t i = 0; i < ranks_.size(); ++i) devices.push_back(Device::cpu(static_cast<int>(i)));
-  return devices;
 }
 
 int64_t GptMeshParallel::max_over_processes(int64_t value) {

@@ -1,7 +1,7 @@
 // A GPT on a D × T × P device mesh as a Layout (gpt_mesh.h for one rank): either this
-// process drives every rank, each a thread on its own CPU device's worker (device_workers.h)
-// over a `local` communicator, or it is one rank of a job a launcher started, over the
-// world communicator given. The batch's token and target fields ([B, T] each) are named by
+// process drives every rank, each a thread on its own device's worker (local_ranks.h: over
+// `nccl` when each device is a GPU of its own, else `local`), or it is one rank of a job a
+// launcher started, over the world communicator given. The batch's token and target fields ([B, T] each) are named by
 // the caller. The full model and the unsharded optimizer state are gathered from the ranks
 // (collective) and loaded into any layout, so checkpoints move between meshes and data
 // parallelism.
@@ -25,6 +25,9 @@ struct GptMeshParallelOptions {
   int threads_per_device = 1;
   // This process's rank of a launched job (its size the mesh's), or null: every rank here.
   std::shared_ptr<comm::Communicator> world = nullptr;
+  // The devices of the ranks this process drives, in rank order: every rank's (all here),
+  // or this process's one (under a launcher). Empty: cpu:0, cpu:1, ...
+  std::vector<Device> devices = {};
 };
 
 class GptMeshParallel final : public Layout {
@@ -48,18 +51,22 @@ class GptMeshParallel final : public Layout {
   NamedTensors optimizer_state() override;
   NamedTensors optimizer_state_on(int root) override;
   void load_optimizer_state(const NamedTensors& state) override;
-  // cpu:r for each rank r this process drives.
-  std::vector<Device> local_devices() const override;
+  // The device of each rank this process drives.
+  std::vector<Device> local_devices() const override { return devices_; }
   int64_t max_over_processes(int64_t value) override;
   void give_up(const std::string& reason) override;
 
   const std::vector<std::unique_ptr<GptMeshRank>>& ranks() const { return ranks_; }
+  // The mesh's communicator: the launched job's world, or the group of this process's ranks
+  // (rank 0's), whose backend() says what carries the step ("nccl", "local", "shm", ...).
+  const comm::Communicator& world() const { return *ranks_[0]->mesh().world(); }
 
  private:
   // task(i) for every rank this process holds, each on its device's worker.
   void run_local(const std::function<void(int)>& task);
 
   GptMeshParallelOptions options_;
+  std::vector<Device> devices_;
   MakeModel make_model_;
   std::unique_ptr<LocalRanks> local_;  // every rank here; null when this process is one rank
   std::vector<std::unique_ptr<GptMeshRank>> ranks_;

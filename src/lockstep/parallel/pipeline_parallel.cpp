@@ -3,17 +3,18 @@
 namespace lockstep::parallel {
 
 PipelineParallel::PipelineParallel(const SequentialPipelineOptions& options, const MakeModel& make_model,
-                                   const OptimizerFactory& make_optimizer, int threads_per_device)
+                                   const OptimizerFactory& make_optimizer, int threads_per_device,
+                                   DeviceType device_type)
     : micro_batch_(options.micro_batch) {
   LOCKSTEP_CHECK(options.replicas >= 1 && options.stages >= 1)
       << "a pipeline needs at least one replica and one stage, got " << options.replicas << " x " << options.stages;
   const int size = options.replicas * options.stages;
-  local_ = std::make_unique<LocalRanks>(size, threads_per_device);
+  local_ = std::make_unique<LocalRanks>(first_devices(device_type, size), threads_per_device);
   ranks_.resize(static_cast<size_t>(size));
   // Construction is collective (the mesh's groups), so every rank builds its own at once.
   local_->run([&](int r) {
     ranks_[static_cast<size_t>(r)] = std::make_unique<SequentialPipelineRank>(make_model(), options, local_->comm(r),
-                                                                              Device::cpu(r), make_optimizer);
+                                                                              local_->device(r), make_optimizer);
   });
 }
 
@@ -50,12 +51,6 @@ NamedTensors PipelineParallel::optimizer_state() {
 
 void PipelineParallel::load_optimizer_state(const NamedTensors& state) {
   for (const auto& rank : ranks_) rank->load_full_optimizer_state(state);
-}
-
-std::vector<Device> PipelineParallel::local_devices() const {
-  std::vector<Device> devices;
-  for (int r = 0; r < ranks(); ++r) devices.push_back(Device::cpu(r));
-  return devices;
 }
 
 }  // namespace lockstep::parallel

@@ -7,7 +7,57 @@
 #include "lockstep/ops/ops.h"
 #include "lockstep/parallel/tensor_parallel.h"
 
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/core/cuda/runtime.h"
+#include "lockstep/parallel/cuda/vocab_parallel_kernels.h"
+#endif
+
 namespace lockstep::parallel {
+namespace {
+
+#if LOCKSTEP_HAVE_CUDA
+// The CPU path's steps as GPU kernels, the same three all-reduces between them.
+Tensor cross_entropy_on_gpu(const Tensor& x, const Tensor& target, int64_t first,
+                            const std::shared_ptr<comm::Communicator>& group) {
+  const int64_t n = x.size(0), columns = x.size(1);
+  const Device device = x.device();
+  const Tensor max = Tensor::empty({n}, DType::f32, device), sums = Tensor::empty({n}, DType::f32, device),
+               picked = Tensor::empty({n}, DType::f32, device), loss = Tensor::empty({n}, DType::f32, device),
+               probabilities = Tensor::empty({n, columns}, DType::f32, device);
+  {
+    const lockstep::cuda::OnDevice on(device);
+    cuda::vocab_row_max(x.data_ptr<float>(), n, columns, max.data_ptr<float>(), on.stream());
+  }
+  group->all_reduce(max, comm::ReduceOp::max);
+  {
+    const lockstep::cuda::OnDevice on(device);
+    cuda::vocab_exp_sums(x.data_ptr<float>(), target.data_ptr<int64_t>(), n, columns, first, max.data_ptr<float>(),
+                         probabilities.data_ptr<float>(), sums.data_ptr<float>(), picked.data_ptr<float>(),
+                         on.stream());
+  }
+  group->all_reduce(sums);
+  group->all_reduce(picked);
+  {
+    const lockstep::cuda::OnDevice on(device);
+    cuda::vocab_losses(probabilities.data_ptr<float>(), sums.data_ptr<float>(), picked.data_ptr<float>(), n, columns,
+                       loss.data_ptr<float>(), on.stream());
+  }
+  autograd::record("vocab_parallel_cross_entropy", {x}, {loss},
+                   [probabilities, target, first](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+                     const Device device = probabilities.device();
+                     const Tensor g = Tensor::empty(probabilities.shape(), DType::f32, device);
+                     const Tensor upstream = grads[0].contiguous().to(DType::f32);
+                     const lockstep::cuda::OnDevice on(device);
+                     cuda::vocab_gradient(probabilities.data_ptr<float>(), target.data_ptr<int64_t>(),
+                                          upstream.data_ptr<float>(), probabilities.size(0), probabilities.size(1),
+                                          first, g.data_ptr<float>(), on.stream());
+                     return {g};
+                   });
+  return loss;
+}
+#endif
+
+}  // namespace
 
 VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& full_weight, std::shared_ptr<comm::Communicator> group)
     : Module("VocabParallelEmbedding"),
@@ -24,8 +74,11 @@ VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& full_weight, std::s
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& tokens) {
-  // Tokens another rank holds look up row 0 here and are zeroed by the mask.
-  const Tensor all = tokens.contiguous().to(DType::i64);
+  // Tokens another rank holds look up row 0 here and are zeroed by the mask, both made on
+  // the host (a GPU's tokens are read back: the lookup would wait for them anyway, to check
+  // them) and used where the tokens are.
+  Tensor all = tokens.contiguous().to(DType::i64);
+  if (all.device().is_cuda()) all = all.to(Device::cpu());
   const int64_t rows = weight.size(0);
   std::vector<int64_t> local(static_cast<size_t>(all.numel()));
   std::vector<double> mine(local.size());
@@ -36,9 +89,9 @@ Tensor VocabParallelEmbedding::forward(const Tensor& tokens) {
     mine[i] = t[i] >= first && t[i] < first + rows ? 1.0 : 0.0;
     local[i] = mine[i] != 0 ? t[i] - first : 0;
   }
-  const Tensor mask = Tensor::from_vector(mine, all.shape(), all.device()).to(weight.dtype());
+  const Tensor mask = Tensor::from_vector(mine, all.shape(), tokens.device()).to(weight.dtype());
   const Tensor rows_here =
-      embedding(Tensor::from_vector(local, all.shape(), all.device()), weight) * unsqueeze(mask, mask.dim());
+      embedding(Tensor::from_vector(local, all.shape(), tokens.device()), weight) * unsqueeze(mask, mask.dim());
   return reduce_from_tensor_parallel(rows_here, group_);
 }
 
@@ -48,12 +101,13 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                  targets.size(0) == logits.size(0))
       << "vocab_parallel_cross_entropy: f32 logits [N, V/T] and targets [N], got " << shape_str(logits.shape())
       << " and " << shape_str(targets.shape());
-  LOCKSTEP_CHECK(!logits.device().is_cuda())
-      << "vocab_parallel_cross_entropy: runs on CPU devices only so far, got logits on " << logits.device().str();
   const int64_t n = logits.size(0), columns = logits.size(1);
   const Device device = logits.device();  // every result lives where the logits do
   const Tensor x = logits.contiguous();
   const Tensor target = targets.contiguous().to(DType::i64);
+#if LOCKSTEP_HAVE_CUDA
+  if (device.is_cuda()) return cross_entropy_on_gpu(x, target.to(device), first, group);
+#endif
   const float* v = x.data<float>();
   const int64_t* y = target.data<int64_t>();
 
