@@ -1,9 +1,10 @@
 // `lockstep train --model gpt --dp D --tp T --pp P`: a GPT on a D x T x P device mesh, each
 // device one rank (parallel/gpt_mesh.h); with --strategy zero1, each rank's optimizer state
 // is sharded across its data-parallel group (GptMeshOptions::zero_stage 1). Started alone,
-// this process drives every device, a worker thread each over a `local` group; started by a
-// launcher (lockstep run, torchrun, mpirun) with a world of D x T x P processes, each
-// process is one device. Checkpoints hold the full model and the unsharded optimizer state,
+// this process drives every device (CPU devices, or its GPUs), a worker thread each over a
+// `local` group (`nccl` between GPUs of their own); started by a launcher (lockstep run,
+// torchrun, mpirun) with a world of D x T x P processes, each process is one device (on GPUs
+// its local rank's, over nccl). Checkpoints hold the full model and the unsharded optimizer state,
 // so a run resumes under any layout, or under plain data parallelism.
 #include "lockstep/comm/init.h"
 #include "lockstep/core/device.h"
@@ -20,13 +21,18 @@ class MeshStrategy final : public TrainStrategy {
   MeshStrategy(const TrainPlan& plan, std::shared_ptr<comm::Communicator> world, const ReplicaFactory& make_replica,
                const OptimizerFactory& make_optimizer)
       : layout_(plan.mesh),
+        type_(plan.settings.device_type),
         world_(world),
         mesh_(
             {.mesh = plan.mesh,
              .tokens = kTokensField,
              .targets = kTargetsField,
              .threads_per_device = plan.threads_per_device,
-             .world = world},
+             .world = world,
+             // Under a launcher: this process's device, on GPUs its local rank's.
+             .devices =
+                 world ? std::vector<Device>{type_ == DeviceType::cuda ? Device(type_, plan.local_rank) : Device::cpu()}
+                       : parallel::first_devices(type_, plan.mesh.mesh.size())},
             [make_replica] {
               std::shared_ptr<nn::Gpt> gpt = std::dynamic_pointer_cast<nn::Gpt>(make_replica());
               LOCKSTEP_CHECK(gpt != nullptr) << "--strategy mesh trains a GPT (--model gpt)";
@@ -37,16 +43,21 @@ class MeshStrategy final : public TrainStrategy {
   parallel::Layout& layout() override { return mesh_; }
   int64_t optimizer_state_bytes() const override { return mesh_.ranks()[0]->optimizer().state_bytes(); }
 
+  // Named by rank, as ddp names its processes' devices.
   std::vector<std::string> local_devices() const override {
-    return world_ ? cpu_device_names(world_->rank(), 1) : all_devices();
+    return world_ ? device_names(type_, world_->rank(), 1) : all_devices();
   }
-  std::vector<std::string> all_devices() const override { return cpu_device_names(0, layout_.mesh.size()); }
+  std::vector<std::string> all_devices() const override { return device_names(type_, 0, layout_.mesh.size()); }
   std::vector<Device> local_allocators() const override { return mesh_.local_devices(); }
   std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override {
     return world_ ? gather_device_totals(*world_, local.at(0)) : local;
   }
   void barrier() override {
     if (world_) world_->barrier();
+  }
+  nlohmann::json collectives_json() const override {
+    const comm::Communicator& world = mesh_.world();
+    return {{"backend", world.backend()}, {"route", world.route()}};
   }
 
   std::string layout_report(const std::vector<DeviceTotals>& totals) const override {
@@ -94,6 +105,7 @@ class MeshStrategy final : public TrainStrategy {
 
  private:
   parallel::GptMeshOptions layout_;
+  DeviceType type_;
   std::shared_ptr<comm::Communicator> world_;
   parallel::GptMeshParallel mesh_;
 };

@@ -86,6 +86,20 @@ void plan_data_parallel(TrainPlan& plan, const TrainEnvironment& environment) {
   plan.replicas = static_cast<int>(s.devices);
 }
 
+// A launched process on GPUs: rank r's device is cuda:LOCAL_RANK (lockstep run and torchrun
+// make the job's GPUs visible to every rank in rank order), and NCCL carries what the ranks
+// exchange.
+void use_local_gpu(TrainOptions& s, const TrainEnvironment& environment, const std::string& layout) {
+  const comm::LaunchInfo& launch = environment.launch;
+  require(launch.local_rank < environment.visible_gpus,
+          "local rank " + std::to_string(launch.local_rank) + " has no GPU: this process sees " +
+              std::to_string(environment.visible_gpus) +
+              " GPU(s); start at most that many processes per host, or add --devices cpu");
+  if (s.backend == "auto") s.backend = "nccl";
+  require(s.backend == "nccl", "--backend " + s.backend + " moves host memory; GPU training under " + layout +
+                                   " uses --backend nccl (or add --devices cpu)");
+}
+
 // ddp, zero1, zero2 and zero3: this process is one device of a launched job.
 void plan_distributed(TrainPlan& plan, const TrainEnvironment& environment) {
   TrainOptions& s = plan.settings;
@@ -99,18 +113,7 @@ void plan_distributed(TrainPlan& plan, const TrainEnvironment& environment) {
   plan.process_threads = threads_for_process(s, environment.host_cores, launch.local_world_size);
   plan.threads_per_device = plan.process_threads;
   plan.replicas = static_cast<int>(s.devices);
-  // On GPUs, rank r's device is cuda:LOCAL_RANK (lockstep run and torchrun make the job's
-  // GPUs visible to every rank in rank order), and NCCL carries the gradients.
-  if (s.device_type == DeviceType::cuda) {
-    require(launch.local_rank < environment.visible_gpus,
-            "local rank " + std::to_string(launch.local_rank) + " has no GPU: this process sees " +
-                std::to_string(environment.visible_gpus) +
-                " GPU(s); start at most that many processes per host, or add --devices cpu");
-    if (s.backend == "auto") s.backend = "nccl";
-    require(s.backend == "nccl", "--backend " + s.backend +
-                                     " moves host memory; GPU training under ddp uses --backend nccl (or add "
-                                     "--devices cpu)");
-  }
+  if (s.device_type == DeviceType::cuda) use_local_gpu(s, environment, "--strategy " + s.strategy);
 }
 
 // The mesh: a GPT over dp x tp x pp devices, driven by this process (a thread each) or,
@@ -130,8 +133,13 @@ void plan_mesh(TrainPlan& plan, const TrainEnvironment& environment) {
             "under " + launch.launcher + " each process is one device of the mesh: this job has " +
                 std::to_string(launch.world_size) + " processes, not --devices " + std::to_string(s.devices));
     s.devices = launch.world_size;
+    if (s.device_type == DeviceType::cuda) use_local_gpu(s, environment, "--dp/--tp/--pp");
   }
   const int64_t model_parallel = s.tp * s.pp;
+  // One process on GPUs: every GPU it sees, in whole replicas of tp x pp.
+  if (plan.processes == 1 && s.device_type == DeviceType::cuda && s.devices == 0 && s.dp == 0) {
+    s.dp = std::max<int64_t>(1, environment.visible_gpus / model_parallel);
+  }
   if (s.dp == 0) {
     require(s.devices % model_parallel == 0,
             "--devices " + std::to_string(s.devices) +
@@ -143,10 +151,15 @@ void plan_mesh(TrainPlan& plan, const TrainEnvironment& environment) {
   if (s.devices == 0) s.devices = mesh.mesh.size();
   std::string error = parallel::check_mesh(mesh.mesh, static_cast<int>(s.devices));
   if (!error.empty()) throw UsageError(error);
+  require(plan.processes > 1 || s.device_type != DeviceType::cuda || mesh.mesh.size() <= environment.visible_gpus,
+          "a mesh of " + mesh.mesh.str() + " needs " + std::to_string(mesh.mesh.size()) + " GPUs, one per rank; " +
+              "this process sees " + std::to_string(environment.visible_gpus) +
+              " (LOCKSTEP_CUDA_DEVICES_PER_GPU=K splits each GPU into K devices), or add --devices cpu");
   // Each replica's share of micro-batches is a power-of-two run of the step's tree.
   check_step_layout(s, mesh.mesh.dp);
   mesh.micro_batch = s.micro_batch;
   mesh.checkpoint_activations = s.checkpoint_activations;
+  mesh.precision = parse_dtype(s.precision);
   try {
     mesh.schedule = parallel::parse_pipeline_schedule(s.schedule);
     if (!s.stages.empty()) mesh.blocks_per_stage = parallel::parse_stage_sizes(s.stages, s.layers, mesh.mesh.pp);
@@ -213,14 +226,7 @@ TrainPlan plan_training(const TrainOptions& flags, const std::function<bool(cons
           "the optimizer state sharded), zero2 (the gradients too), zero3 (the weights too) or mesh (a GPT over --dp x "
           "--tp x --pp devices), got '" +
               s.strategy + "'");
-  // The GPT and the mesh layouts run on CPU devices in this version: only an explicit
-  // request for GPUs is an error for them.
-  const bool cpu_only = s.model == "gpt" || s.strategy == "mesh";
-  require(!cpu_only || (s.devices_flag.find("cuda") == std::string::npos && s.devices_flag != "gpu"),
-          "--devices " + s.devices_flag +
-              ": --model gpt and the mesh layouts (--dp, --tp, --pp) run on CPU devices in this version; give a "
-              "count or cpu");
-  const DeviceChoice choice = parse_devices(s.devices_flag, cpu_only ? 0 : environment.visible_gpus);
+  const DeviceChoice choice = parse_devices(s.devices_flag, environment.visible_gpus);
   s.devices = choice.count;
   s.device_type = choice.type;
   require(s.precision == "f32" || s.precision == "bf16" || s.precision == "f16",

@@ -9,9 +9,9 @@
 
 namespace lockstep::tools {
 
-std::vector<std::string> cpu_device_names(int first, int count) {
+std::vector<std::string> device_names(DeviceType type, int first, int count) {
   std::vector<std::string> names;
-  for (int d = first; d < first + count; ++d) names.push_back(Device::cpu(d).str());
+  for (int d = first; d < first + count; ++d) names.push_back(Device(type, d).str());
   return names;
 }
 
@@ -87,12 +87,10 @@ class DistributedStrategy final : public TrainStrategy {
   parallel::Layout& layout() override { return *ddp_; }
   int64_t optimizer_state_bytes() const override { return ddp_->optimizer_state_bytes(); }
   std::vector<std::string> local_devices() const override {
-    return {Device(device_.type(), ddp_->communicator().rank()).str()};
+    return device_names(device_.type(), ddp_->communicator().rank(), 1);
   }
   std::vector<std::string> all_devices() const override {
-    std::vector<std::string> names;
-    for (int r = 0; r < ddp_->communicator().size(); ++r) names.push_back(Device(device_.type(), r).str());
-    return names;
+    return device_names(device_.type(), 0, ddp_->communicator().size());
   }
   std::vector<Device> local_allocators() const override { return {device_}; }
   std::vector<DeviceTotals> gather(const std::vector<DeviceTotals>& local) override {

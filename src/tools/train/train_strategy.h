@@ -56,8 +56,8 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::ve
 // Every rank's totals, given this rank's (collective over comm).
 std::vector<DeviceTotals> gather_device_totals(comm::Communicator& comm, const DeviceTotals& mine);
 
-// "cpu:first" .. "cpu:first+count-1".
-std::vector<std::string> cpu_device_names(int first, int count);
+// "cpu:first" .. "cpu:first+count-1" (or cuda:...): the devices of ranks first .. first+count-1.
+std::vector<std::string> device_names(DeviceType type, int first, int count);
 
 // The mesh layout (train_mesh_strategy.cpp): a GPT on --dp x --tp x --pp devices.
 std::unique_ptr<TrainStrategy> make_mesh_strategy(const TrainPlan& plan, const ReplicaFactory& make_replica,

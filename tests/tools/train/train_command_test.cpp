@@ -570,7 +570,6 @@ TEST_F(TrainCommand, BadInputGetsOneLineErrorAndExitCode) {
       {base() + " --devices -1", 2, "--devices -1 is not a count"},
       {base() + " --devices cuda:1,cuda:3", 2, "must be cuda:0, not cuda:1"},
       {base() + " --devices cuda:0", 2, "no GPU is visible"},
-      {base() + " --model gpt --devices cuda", 2, "run on CPU devices in this version"},
       {base() + " --precision bf16", 2, "--precision bf16 runs on GPU devices"},
       {base() + " --precision f8", 2, "--precision must be f32, bf16 or f16"},
       {base() + " --strategy zero9", 2, "--strategy"},

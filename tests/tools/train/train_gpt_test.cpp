@@ -124,6 +124,7 @@ TEST_F(TrainGpt, MeshLayoutsGiveTheWeightsOfOneDevice) {
     EXPECT_EQ(mesh["weights_sha256"], one["weights_sha256"]) << layout;
     EXPECT_EQ(mesh["sample"], one["sample"]) << layout;
     EXPECT_EQ(mesh["strategy"], "mesh");
+    EXPECT_EQ(mesh["collectives"]["backend"], "local");  // CPU devices' threads
     EXPECT_EQ(mesh["mesh"]["pp"], 2);
     EXPECT_GT(mesh["mesh"]["bubble_theory"].get<double>(), 0.0);
   }
@@ -134,6 +135,7 @@ TEST_F(TrainGpt, MeshLayoutsGiveTheWeightsOfOneDevice) {
   ASSERT_EQ(processes.exit_code, 0) << processes.output;
   EXPECT_EQ(summary(root_ / "processes")["weights_sha256"], one["weights_sha256"]);
   EXPECT_EQ(summary(root_ / "processes")["mesh"]["processes"], 4);
+  EXPECT_EQ(summary(root_ / "processes")["collectives"]["backend"], "shm");
   for (const std::string layout : {"--tp 2", "--dp 2 --tp 2", "--tp 2 --pp 2"}) {
     const fs::path out = root_ / std::to_string(index++);
     const Result r = run(flags + " " + layout + " --out " + out.string());

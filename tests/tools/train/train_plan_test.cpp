@@ -126,8 +126,9 @@ TEST(TrainPlan, OffloadingTheOptimizerIsForGpus) {
   mesh.flags.strategy = "mesh";
   mesh.flags.tp = 2;
   mesh.given.insert({"model", "tp"});
-  EXPECT_NE(usage_error(mesh, host(4)).find("--offload-optimizer keeps the optimizer state of --strategy dp, ddp and "
-                                            "zero1-3 in host memory"),
+  EXPECT_NE(usage_error(mesh, host(4))
+                .find("--offload-optimizer keeps the optimizer state of --strategy dp, ddp and "
+                      "zero1-3 in host memory"),
             std::string::npos);
 }
 
@@ -292,14 +293,45 @@ TEST(TrainPlan, OutOfRangeValuesAreUsageErrors) {
   EXPECT_NE(error_of([](TrainOptions& o) { o.model = "vit"; }, "model").find("--model must be"), std::string::npos);
   EXPECT_NE(error_of([](TrainOptions& o) { o.lr_schedule = "linear"; }, "lr-schedule").find("--lr-schedule"),
             std::string::npos);
-  EXPECT_NE(error_of(
-                [](TrainOptions& o) {
-                  o.model = "gpt";
-                  o.devices_flag = "cuda";
-                },
-                "devices")
-                .find("run on CPU devices in this version"),
+}
+
+// The GPT trains on GPUs like the other models, and its mesh takes every GPU this process
+// sees (a thread each) or, launched, one per process over NCCL.
+TEST(TrainPlan, TheGptAndItsMeshTrainOnGpus) {
+  Command gpt;
+  gpt.flags.model = "gpt";
+  gpt.given = {"model"};
+  const TrainPlan dp = plan(gpt, host(4, 2));
+  EXPECT_EQ(dp.settings.device_type, DeviceType::cuda);
+  EXPECT_EQ(dp.settings.devices, 2);
+  EXPECT_EQ(dp.settings.strategy, "dp");
+
+  Command mesh = gpt;
+  mesh.flags.tp = 2;
+  mesh.flags.precision = "bf16";
+  mesh.given.insert({"tp", "precision"});
+  const TrainPlan every_gpu = plan(mesh, host(4, 4));
+  EXPECT_EQ(every_gpu.settings.device_type, DeviceType::cuda);
+  EXPECT_EQ(every_gpu.mesh.mesh.dp, 2);  // 4 GPUs / tp 2
+  EXPECT_EQ(every_gpu.mesh.mesh.size(), 4);
+  EXPECT_EQ(every_gpu.mesh.precision, DType::bf16);
+  EXPECT_EQ(every_gpu.processes, 1);
+
+  Command too_big = mesh;
+  too_big.flags.pp = 2;
+  too_big.given.insert("pp");
+  EXPECT_NE(usage_error(too_big, host(4, 2))
+                .find("a mesh of dp 1 x tp 2 x pp 2 needs 4 GPUs, one per rank; this "
+                      "process sees 2"),
             std::string::npos);
+  const TrainPlan process = plan(too_big, launched(3, 4, 4, 8, 4));
+  EXPECT_EQ(process.settings.backend, "nccl");
+  EXPECT_EQ(process.local_rank, 3);
+  EXPECT_NE(usage_error(too_big, launched(3, 4, 4, 8, 2)).find("local rank 3 has no GPU"), std::string::npos);
+
+  Command f16 = mesh;
+  f16.flags.precision = "f16";
+  EXPECT_NE(usage_error(f16, host(4, 4)).find("f16 needs a loss scale that every stage agrees on"), std::string::npos);
 }
 
 // A GPT too large for the host is refused before a block is allocated, whether its shape
