@@ -3,6 +3,7 @@
 // two micro-batches, measured here. DataParallel's failed step changes nothing, and the run
 // that halves gives the bits of a run with the smaller micro-batch from the start; the
 // Trainer prints, keeps and checkpoints the change; without the option the error ends it.
+// DistributedDataParallel's side is tests/parallel/ddp_micro_batch_halving_test.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -208,16 +209,25 @@ TEST(MicroBatchHalving, LayoutsSayWhenTheyCannot) {
   EXPECT_NE(dp->set_micro_batch(3, kBatch), "") << "256 samples do not split into micro-batches of 3";
   EXPECT_NE(dp->set_micro_batch(0, kBatch), "");
   EXPECT_EQ(dp->micro_batch(), kLarge);
+  // Across processes the ranks agree on a failed step (tests/parallel/ddp_micro_batch_halving_test.cpp),
+  // but ZeRO-3, which gathers inside forward and backward, cannot.
   const auto comms = comm::LocalCommunicator::create_group(1);
-  auto model = std::make_shared<nn::Linear>(8, 1);
-  parallel::DistributedDataParallel ddp(model,
-                                        [](std::vector<Tensor> params) {
-                                          return std::make_unique<optim::AdamW>(std::move(params),
-                                                                                optim::AdamWOptions{});
-                                        },
-                                        comms[0], {.loss = parallel::mse_loss("x", "y"), .micro_batch = 4});
-  EXPECT_NE(ddp.set_micro_batch(2, 8), "") << "a layout across processes keeps its micro-batch";
-  EXPECT_EQ(ddp.micro_batch(), 4);
+  const auto ddp = [&](int zero_stage) {
+    return std::make_unique<parallel::DistributedDataParallel>(
+        std::make_shared<nn::Linear>(8, 1),
+        [](std::vector<Tensor> params) {
+          return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{});
+        },
+        comms[0],
+        parallel::DistributedDataParallelOptions{
+            .loss = parallel::mse_loss("x", "y"), .micro_batch = 4, .zero_stage = zero_stage});
+  };
+  const auto plain = ddp(0);
+  EXPECT_EQ(plain->set_micro_batch(2, 8), "");
+  EXPECT_EQ(plain->micro_batch(), 2);
+  const auto zero3 = ddp(3);
+  EXPECT_NE(zero3->set_micro_batch(2, 8), "") << "ZeRO-3 keeps its micro-batch";
+  EXPECT_EQ(zero3->micro_batch(), 4);
 }
 
 }  // namespace

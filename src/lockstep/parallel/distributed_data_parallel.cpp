@@ -6,6 +6,7 @@
 
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/parallel/step_agreement.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -292,8 +293,10 @@ void DistributedDataParallel::clear_grad_destinations() {
 }
 
 void DistributedDataParallel::start_ready_buckets() {
+  // next_bucket_ moves past a bucket only once its collective is started: a rank that runs
+  // out of memory on the way owes the others every bucket from there (pay_owed_collectives).
   while (next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0) {
-    const size_t b = next_bucket_++;
+    const size_t b = next_bucket_;
     const GradientBucket& bucket = buckets_[b];
     if (options_.zero_stage >= 2) {
       // This rank's subtree over the bucket, then its part of the tree's top across ranks
@@ -305,6 +308,7 @@ void DistributedDataParallel::start_ready_buckets() {
       works_.push_back(
           comm_->reduce_scatter_async(buffer, slice(grad_shard_, 0, at, at + bucket.shard_size(comm_->size()))));
       sending_.push_back(std::move(buffer));
+      ++next_bucket_;
       // Two buckets in flight at most: a rank ahead of its peers waits for them here rather
       // than hold every bucket it fills (DeepSpeed bounds stage 2's buckets alike).
       while (sending_.size() - released_ > kBucketsInFlight) {
@@ -317,6 +321,7 @@ void DistributedDataParallel::start_ready_buckets() {
     tree_.finish_range(last_leaf_, bucket.begin, bucket.end);
     if (!wire_.defined()) {
       works_.push_back(comm_->all_reduce_async(slice(last_leaf_, 0, bucket.begin, bucket.end)));
+      ++next_bucket_;
       continue;
     }
     // The subtree is bf16-exact already: converting it loses nothing, and rounded_sum
@@ -325,6 +330,7 @@ void DistributedDataParallel::start_ready_buckets() {
     convert_elements(slice(last_leaf_, 0, bucket.begin, bucket.end).data_ptr(), last_leaf_.dtype(), wire.data_ptr(),
                      wire.dtype(), wire.numel());
     works_.push_back(comm_->all_reduce_async(wire, comm::ReduceOp::rounded_sum));
+    ++next_bucket_;
   }
   if (options_.zero_stage >= 2) {
     // The next buckets' buffers exist before backward reaches them, so their linear layers
@@ -357,8 +363,9 @@ StepResult DistributedDataParallel::step(const TensorBatch& global_batch, const 
 StepResult DistributedDataParallel::step_on_share(const TensorBatch& share, const StepContext& context) {
   StepResult result;
   result.devices.resize(1);
+  std::string failure;
   try {
-    run_step(share, context, result);
+    failure = run_step(share, context, result);
   } catch (const std::exception& error) {
     collecting_ = false;
     clear_grad_destinations();
@@ -371,17 +378,22 @@ StepResult DistributedDataParallel::step_on_share(const TensorBatch& share, cons
     works_.clear();
     sending_.clear();
     released_ = 0;
+    placeholders_.clear();
     bucket_buffers_.clear();
     grad_shard_ = Tensor();
     tree_.clear();
     if (gathering_) gathering_->abandon();
+    group_ended_ = true;
     comm_->abort("rank " + std::to_string(comm_->rank()) + ": " + error.what());
     throw;
   }
+  // Every rank throws it, having changed nothing: the step may be taken again.
+  if (!failure.empty()) throw OutOfMemoryError(failure);
   return result;
 }
 
-void DistributedDataParallel::run_step(const TensorBatch& share, const StepContext& context, StepResult& result) {
+std::string DistributedDataParallel::run_step(const TensorBatch& share, const StepContext& context,
+                                              StepResult& result) {
   DeviceTimes& times = result.devices[0];
   StepClock::time_point start = StepClock::now();
   times.started = std::chrono::duration<double>(start.time_since_epoch()).count();
@@ -392,13 +404,63 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   LOCKSTEP_CHECK(layout_error.empty()) << layout_error;
   // Local SGD's step is the share's own: its gradients are the share's mean.
   const int64_t normalizer = local_sgd() ? local : batch;
-  const bool compress = powersgd_ && context.step >= static_cast<uint64_t>(options_.powersgd_start_step);
-  hold_buckets_ = local_sgd() || compress;
+  hold_buckets_ = local_sgd() || compresses(context);
+  next_bucket_ = 0;
 
-  const int64_t micro = options_.micro_batch;
-  const Device device = gradients_.params().front().device();  // the samples go where the model is
   // The loss and the running statistics, leaf by leaf, folded in the same order.
   GradientTree losses;
+  Tensor loss;
+  std::vector<Tensor> statistic_sums;
+  std::string ran_out;  // this rank's out-of-memory error, which every rank must hear of
+  try {
+    compute_share(share, context, normalizer, losses);
+    std::vector<Tensor> folded = losses.finish();
+    loss = folded[0];
+    statistic_sums.assign(folded.begin() + 1, folded.end());
+  } catch (const OutOfMemoryError& error) {
+    if (!agrees_on_failures()) throw;
+    ran_out = error.what();
+    abandon_step();
+    try {
+      pay_owed_collectives();
+    } catch (const OutOfMemoryError& again) {
+      LOCKSTEP_FAIL() << ran_out << "; and then no room was left for the placeholders of the collectives this rank "
+                      << "owes the others (" << again.what() << "), so the step cannot be taken again";
+    }
+  }
+  times.compute = seconds_since(start);
+
+  start = StepClock::now();
+  if (local_sgd()) {
+    result.loss = loss.item();  // this rank's share's loss: local SGD sends nothing per step
+  } else {
+    // Queued behind the buckets' collectives, so backward's overlap with them is kept.
+    const AgreedStep agreed = agree_on_step(*comm_, loss, ran_out, gradients_.params().front().device());
+    if (!agreed.failure.empty()) {
+      wait_for_collectives();  // what they read or write may go only now
+      placeholders_.clear();
+      abandon_step();
+      times.communicate = seconds_since(start);
+      return agreed.failure;
+    }
+    result.loss = agreed.loss;
+  }
+  times.communicate = seconds_since(start);
+  try {
+    update(statistic_sums, context, result);
+  } catch (const OutOfMemoryError& error) {
+    LOCKSTEP_FAIL() << error.what() << " (after every rank had agreed to take the step, while the gradients were "
+                    << "reduced and the weights updated, so the weights may be partly updated: continue from the "
+                    << "last checkpoint)";
+  }
+  return "";
+}
+
+void DistributedDataParallel::compute_share(const TensorBatch& share, const StepContext& context, int64_t normalizer,
+                                            GradientTree& losses) {
+  const int64_t local = share.size();
+  const int64_t micro = options_.micro_batch;
+  const Device device = gradients_.params().front().device();  // the samples go where the model is
   statistics_.discard();
   for (int64_t first = 0; first < local; first += micro) {
     const bool last = first + micro == local;
@@ -444,43 +506,44 @@ void DistributedDataParallel::run_step(const TensorBatch& share, const StepConte
   }
   if (options_.zero_stage == 1 || hold_buckets_) {
     tree_.finish_range(last_leaf_, 0, last_leaf_.numel());
-    if (compress) {
-      const comm::FlightPhase phase("PowerSGD");
-      powersgd_->reduce(last_leaf_, *comm_);
-    }
+    // Made before the agreement, so that running out of room for it is agreed on too.
+    if (options_.zero_stage == 1)
+      grad_shard_ = Tensor::empty({sharded_->shard_size()}, last_leaf_.dtype(), last_leaf_.device());
   } else {
     start_ready_buckets();
   }
   if (gathering_) gathering_->end_step();
-  times.compute = seconds_since(start);
+}
 
-  start = StepClock::now();
+void DistributedDataParallel::update(const std::vector<Tensor>& statistic_sums, const StepContext& context,
+                                     StepResult& result) {
+  DeviceTimes& times = result.devices[0];
+  StepClock::time_point start = StepClock::now();
+  if (compresses(context)) {
+    const comm::FlightPhase phase("PowerSGD");
+    powersgd_->reduce(last_leaf_, *comm_);
+  }
   wait_for_collectives();
   bucket_buffers_.clear();
   tree_.clear();
   unpack_wire();
-  const std::vector<Tensor> folded = losses.finish();
-  const Tensor& loss = folded[0];
-  if (!local_sgd()) comm_->all_reduce(loss);  // local SGD reports this rank's share's loss
-  result.loss = loss.item();
-  if (folded.size() > 1) {
-    const std::vector<Tensor> statistic_sums(folded.begin() + 1, folded.end());
+  if (!statistic_sums.empty()) {
     if (!local_sgd()) {
       for (const Tensor& sum : statistic_sums) comm_->all_reduce(sum);
     }
     statistics_.apply(statistic_sums);
   }
-  times.communicate = seconds_since(start);
+  times.communicate += seconds_since(start);
   if (sharded_) {
     if (options_.zero_stage >= 2) {
       sharded_->step_shard(grad_shard_, times);
-      grad_shard_ = Tensor();
     } else if (options_.zero_stage == 1) {
       const comm::FlightPhase phase("optimizer");
-      sharded_->step(last_leaf_, times);
+      sharded_->step(last_leaf_, times, grad_shard_);
     } else {
       sharded_->step_reduced(last_leaf_, times);
     }
+    grad_shard_ = Tensor();
     last_leaf_ = Tensor();
     return;
   }

@@ -10,7 +10,12 @@
 //   bucket is complete its part of the rank's subtree is folded and its all-reduce starts,
 //   overlapping communication with the rest of backward. Buckets start in order on every
 //   rank; parameters that got no gradient count as zeros;
-// - then the loss is reduced and the optimizer steps;
+// - then the ranks agree that every one of them finished its share (step_agreement.h: the
+//   loss's all-reduce, one element longer), and only then are the running statistics
+//   applied and the optimizer stepped. A rank that ran out of memory on the way still makes
+//   the bucket collectives it owes, on placeholders, and joins the agreement: every rank
+//   then drops the step with nothing changed, so it can be taken again with a smaller
+//   micro-batch (distributed_data_parallel_recovery.cpp; not under ZeRO-3 or local SGD);
 // - ZeRO (sharded_optimizer.h) shards the optimizer state: every bucket is cut into equal
 //   parts, one per rank, and each rank steps its part of every bucket, then the weights are
 //   all-gathered bucket by bucket. Stage 1 keeps the final micro-batch's full gradient
@@ -118,11 +123,24 @@ class DistributedDataParallel final : public Layout {
   StepResult step(const TensorBatch& global_batch, const StepContext& context) override;
   // The same step for a program that loads only this rank's share of the global batch
   // (b samples, the same b on every rank); context.first_sample is the global index of the
-  // share's first sample. An error on one rank aborts the communicator, so the others stop
-  // at once instead of waiting for it.
+  // share's first sample. A rank whose share runs out of device memory (OutOfMemoryError)
+  // before the update still makes the collectives it owes the others, with placeholder
+  // data, and every rank then learns of it at the step's agreement (step_agreement.h): all
+  // of them drop the step, change nothing, and throw OutOfMemoryError naming the rank that
+  // ran out, so a training loop on every rank may take it again with a smaller micro-batch
+  // (set_micro_batch). Any other error on one rank (and out of memory under ZeRO-3, local
+  // SGD, or once the update has begun) aborts the communicator, so the others stop at once
+  // instead of waiting for it.
   StepResult step_on_share(const TensorBatch& share, const StepContext& context);
 
   int64_t micro_batch() const override { return options_.micro_batch; }
+  // Accepted where a step that ran out of memory is agreed on and changes nothing (ddp and
+  // ZeRO 1 and 2, PowerSGD included), whenever the global batch splits into it. Refused
+  // under ZeRO-3 (its gathers inside forward and backward cannot be made by a rank that
+  // ran out midway), under local SGD (its steps send nothing to agree through), and after
+  // an error ended the ranks' group. Not collective: every rank calls it alike after the
+  // same agreed failure, and decides alike.
+  std::string set_micro_batch(int64_t micro_batch, int64_t global_batch) override;
   // Collective under ZeRO-3: the weights are gathered, and stay so until the next step.
   nn::Module& model() override;
   // Collective where the ranks share one copy of the weights.
@@ -145,7 +163,24 @@ class DistributedDataParallel final : public Layout {
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
 
  private:
-  void run_step(const TensorBatch& share, const StepContext& context, StepResult& result);
+  // The step; returns the agreed failure ("" when every rank finished its share), after
+  // which nothing has changed.
+  std::string run_step(const TensorBatch& share, const StepContext& context, StepResult& result);
+  // This rank's forward and backward over its share, the bucket collectives started; into
+  // `losses` each micro-batch's loss and running statistics. May run out of memory.
+  void compute_share(const TensorBatch& share, const StepContext& context, int64_t normalizer, GradientTree& losses);
+  // After the agreement: the reduced gradients and statistics applied, the optimizer stepped.
+  void update(const std::vector<Tensor>& statistic_sums, const StepContext& context, StepResult& result);
+  // Whether an out-of-memory error before the update is agreed on (else it ends the group).
+  bool agrees_on_failures() const { return options_.zero_stage < 3 && !local_sgd(); }
+  // Why a step cannot be taken again with another micro-batch; "" where it can.
+  std::string why_micro_batch_is_fixed() const;
+  // This rank's part of a failed step dropped: its gradients, partial sums, buckets and
+  // statistics. Buffers a collective still reads stay alive until it is done.
+  void abandon_step();
+  // A rank that ran out of memory makes the bucket collectives it has not started, in
+  // order, on placeholder buffers, so its peers' calls are matched and none waits for it.
+  void pay_owed_collectives();
   void on_gradient_ready(size_t param);
   // Moves a parameter's final gradient (zeros if it has none) into its bucket.
   void take_gradient(size_t param);
@@ -158,6 +193,10 @@ class DistributedDataParallel final : public Layout {
   void wait_for_collectives();
   void unpack_wire();  // the reduced bf16 buckets back into last_leaf_
   bool local_sgd() const { return options_.sync_every > 1; }
+  // Whether this step's gradients cross as PowerSGD's approximations.
+  bool compresses(const StepContext& context) const {
+    return powersgd_ && context.step >= static_cast<uint64_t>(options_.powersgd_start_step);
+  }
   // Plain ddp's state, and PowerSGD's added to it: gathered on root, or on every rank (-1).
   NamedTensors own_optimizer_state();
   void add_powersgd_state(NamedTensors& state, int root);
@@ -195,7 +234,9 @@ class DistributedDataParallel final : public Layout {
   size_t released_ = 0;          // ZeRO-2: works whose bucket is released
   bool replicas_agree_ = true;   // false between local SGD's averagings
   std::unique_ptr<PowerSgd> powersgd_;
-  bool hold_buckets_ = false;  // this step reduces after backward (local SGD, PowerSGD)
+  bool hold_buckets_ = false;         // this step reduces after backward (local SGD, PowerSGD)
+  std::vector<Tensor> placeholders_;  // a failed step's stand-ins for what it owed, until sent
+  bool group_ended_ = false;          // an error aborted the communicator
 };
 
 }  // namespace lockstep::parallel

@@ -1,5 +1,5 @@
 // The one interface every parallel layout implements — DataParallel (one process, many
-// devices), DistributedDataParallel and its ZeRO-1 (one process per device) — so a training
+// devices), DistributedDataParallel and its ZeRO stages (one process per device) — so a training
 // loop drives any of them alike: a step on a global batch with the user's loss (the
 // layout's options carry it), the learning rate, the full model and the unsharded
 // optimizer state and their loading, and the devices it drives.
@@ -35,9 +35,10 @@ class Layout {
   // OutOfMemoryError changed no weight, gradient, statistic or optimizer state and left the
   // layout ready for the next step (one that ran out while updating throws a plain Error),
   // so a training loop may retry that step with a smaller micro-batch, as
-  // train::TrainerOptions::halve_micro_batch_on_out_of_memory does. Layouts across processes
-  // refuse: one process's error cannot reach the others waiting in a collective without
-  // ending their group.
+  // train::TrainerOptions::halve_micro_batch_on_out_of_memory does. Across processes every
+  // process's step throws it alike (DistributedDataParallel agrees on the failure before it
+  // changes anything), and each process's loop makes the same change. A layout that cannot
+  // keep the promise refuses, saying why.
   virtual std::string set_micro_batch(int64_t /*micro_batch*/, int64_t /*global_batch*/) {
     return "the layout's micro-batch is fixed when it is built";
   }

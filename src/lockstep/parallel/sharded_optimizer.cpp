@@ -46,9 +46,12 @@ int64_t ShardedOptimizer::part_begin(size_t unit) const {
   return u.begin + u.shard_size(comm_.size()) * comm_.rank();
 }
 
-void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times) {
+void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times, const Tensor& given_shard) {
   const StepClock::time_point start = StepClock::now();
-  const Tensor grad_shard = Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
+  const Tensor grad_shard =
+      given_shard.defined() ? given_shard : Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
+  LOCKSTEP_CHECK(grad_shard.numel() == shard_size())
+      << "a shard of gradients holds " << shard_size() << " elements here, got " << grad_shard.numel();
   std::vector<comm::Work> works;
   for (const FlatUnit& unit : layout_.units()) {
     const int64_t at = shard_offset(unit, comm_.size());

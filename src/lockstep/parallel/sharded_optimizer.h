@@ -49,8 +49,10 @@ class ShardedOptimizer {
   // One step from this rank's unreduced gradients (a flat buffer in the layout's order):
   // reduce-scatter them unit by unit, update this rank's parts, all-gather every part into
   // the parameters, or wait for every rank's update where the buffer is common (collective).
-  // Adds the time spent to times.communicate and times.optimizer.
-  void step(const Tensor& gradients, DeviceTimes& times);
+  // Adds the time spent to times.communicate and times.optimizer. grad_shard: where this
+  // rank's part of the reduced gradients goes (shard_size() elements), made here when
+  // undefined; a caller that must not run out of memory past some point makes it before.
+  void step(const Tensor& gradients, DeviceTimes& times, const Tensor& grad_shard = Tensor());
   // The same from gradients every rank has reduced already (an all-reduce, as distributed
   // data parallelism runs bucket by bucket during backward): updates this rank's parts from
   // its ranges of them, then as step().
