@@ -205,6 +205,17 @@ int run_training(const TrainPlan& plan) {
       make_train_strategy(plan, task.loss, replica_factory(plan, task), optimizer_factory);
   const bool quiet = settings.quiet || !plan.leader;
   set_num_threads(plan.process_threads);  // evaluation runs on this thread
+  if (settings.micro_batch_auto && plan.leader) {
+    // Asking for the micro-batch it has changes nothing, and says whether the layout could
+    // take a step again with another (layout.h): where not, the user hears it before a step
+    // runs out, not only when one does.
+    const std::string fixed = strategy->layout().set_micro_batch(settings.micro_batch, settings.batch_size);
+    if (!fixed.empty())
+      std::fprintf(stderr,
+                   "lockstep train: --micro-batch auto: --strategy %s cannot take a step that runs out of memory again "
+                   "with half the micro-batch (%s): such a step ends the run\n",
+                   settings.strategy.c_str(), fixed.c_str());
+  }
 
   // Short last batches are dropped (the Trainer's data order): an epoch is whole batches.
   const int64_t total_steps =
@@ -382,7 +393,8 @@ int train_main(const std::vector<std::string>& args) {
   bool auto_micro_batch = false;
   flags.add("micro-batch", &options.micro_batch, "auto", &auto_micro_batch,
             "samples per forward/backward pass (default: batch-size / 8 where it divides); with the seed and batch "
-            "size it fixes the result. auto: the largest that lockstep plan predicts to fit (CPU devices)");
+            "size it fixes the result. auto: the largest that lockstep plan predicts to fit, halved when a step "
+            "still runs out of memory (dp, ddp, zero1, zero2)");
   flags.add("devices", &options.devices_flag,
             "devices to train on: a count, cpu, cuda, or cuda:0,cuda:1 (default: every GPU, else one CPU device "
             "per core; ddp: the process's own)");
