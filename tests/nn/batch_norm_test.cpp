@@ -287,6 +287,25 @@ TEST(BatchNormDeferred, SumsFromManyMicroBatchesGiveEveryReplicaTheSameBits) {
   EXPECT_EQ(a->num_batches_tracked.item(), 6);
 }
 
+// DDP ranks that keep one copy of the weights run a rank's module on activations of another
+// CPU device than its buffers: the statistics join the pending sums on the buffers' device.
+TEST(BatchNormDeferred, AnInputOnAnotherCpuDeviceAddsToTheBuffersDevice) {
+  BatchNorm1d bn(3, 1e-5, 0.1, /*affine=*/false);
+  bn.to(Device::cpu(0));
+  bn.defer_step_statistics();
+  const Tensor x = random_f32({5, 3}, 80, -1, 2).to(Device::cpu(1));
+  bn(x);
+  bn(x);
+  const std::vector<Tensor> sums = bn.take_step_statistics();
+  ASSERT_EQ(sums.size(), 3u);
+  for (const Tensor& t : sums) EXPECT_EQ(t.device(), Device::cpu(0));
+  const Stats stats = naive_stats(x);
+  expect_all_close(sums[0], {2 * stats.mean[0], 2 * stats.mean[1], 2 * stats.mean[2]}, 1e-6, 1e-6);
+  expect_all_close(sums[1], {2 * stats.unbiased_var[0], 2 * stats.unbiased_var[1], 2 * stats.unbiased_var[2]}, 1e-6,
+                   1e-6);
+  EXPECT_EQ(sums[2].item(), 2);
+}
+
 TEST(BatchNormDeferred, ParentsDeferTheirDescendants) {
   BasicBlock block(2, 4, 2);
   block.defer_step_statistics();

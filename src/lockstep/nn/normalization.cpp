@@ -75,8 +75,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
   BatchNormResult result = batch_norm(x, batch_statistics ? Tensor() : running_mean,
                                       batch_statistics ? Tensor() : running_var, weight, bias, batch_statistics, eps);
   if (is_training() && track_running_stats) {
-    // Onto the buffers' device too: CPU ranks that share one model may run it on inputs of
-    // other CPU devices.
+    // Onto the buffers' device too: under DDP ranks that keep one copy of the weights, a rank's
+    // activations may lie on another CPU device than its buffers.
     const Tensor mean = result.mean.to(running_mean.dtype()).to(running_mean.device());
     const Tensor var = result.unbiased_var.to(running_var.dtype()).to(running_var.device());
     if (defers_step_statistics()) {
