@@ -12,12 +12,16 @@ int num_threads();
 
 // Runs body(begin, end) over [0, n) split into contiguous chunks across the team; runs
 // inline when the work is small (below grain elements per thread) or inside a team already.
+// The team's threads compute under the caller's autocast setting (core/autocast.h), which
+// the kernels read per thread.
 template <typename Body>
 void parallel_for(int64_t n, int64_t grain, const Body& body);
 
 }  // namespace lockstep
 
 #include <omp.h>
+
+#include "lockstep/core/autocast.h"
 
 namespace lockstep {
 
@@ -30,8 +34,10 @@ void parallel_for(int64_t n, int64_t grain, const Body& body) {
     body(int64_t{0}, n);
     return;
   }
+  const DType autocast = autocast_dtype();
 #pragma omp parallel num_threads(static_cast <int>(threads))
   {
+    const AutocastGuard as_the_caller(autocast);
     const int64_t team = omp_get_num_threads();
     const int64_t id = omp_get_thread_num();
     const int64_t chunk = (n + team - 1) / team;

@@ -1,6 +1,7 @@
 #include "lockstep/ops/linalg.h"
 
 #include "lockstep/autograd/node.h"
+#include "lockstep/core/autocast.h"
 #include "lockstep/ops/cpu/gemm.h"
 #include "lockstep/ops/dispatch.h"
 #include "lockstep/ops/reduce.h"
@@ -36,10 +37,66 @@ Tensor t2(const Tensor& m) {
   return m.as_strided({m.size(1), m.size(0)}, {m.strides()[1], m.strides()[0]}, m.offset());
 }
 
+bool reduced(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+// The type a product of a and b reads them in when one is already rounded to bf16 or f16 (an
+// activation kept for backward, as_product_operand), else f32 (autocast may still round both).
+DType reduced_type(const Tensor& a, const Tensor& b) {
+  const DType type = reduced(a.dtype()) ? a.dtype() : reduced(b.dtype()) ? b.dtype() : DType::f32;
+  LOCKSTEP_CHECK(!reduced(a.dtype()) || !reduced(b.dtype()) || a.dtype() == b.dtype())
+      << "matmul: operands of " << dtype_name(a.dtype()) << " and " << dtype_name(b.dtype())
+      << "; a product reads both in one type";
+  return type;
+}
+
+// A product's output type: f32 where an operand is rounded, else the operands'.
+DType product_dtype(const Tensor& a, const Tensor& b) {
+  return reduced_type(a, b) != DType::f32 ? DType::f32 : a.dtype();
+}
+
+// Under autocast, an activation a product reads is rounded to autocast's type once: the
+// forward product reads that copy, and backward keeps it instead of the f32 tensor — half
+// the bytes, the same bits, since its products would round it alike. Kept as they are:
+// leaves (parameters and data live on anyway; outside the graph nothing is kept), and bytes
+// another tensor shares — a view's, or what another op keeps for its backward (relu's and
+// softmax's outputs) — which live on anyway, so a rounded copy would add memory, not save it.
+Tensor as_product_operand(const Tensor& t) {
+  const DType type = autocast_dtype();
+  if (type == DType::f32 || t.dtype() != DType::f32 || t.is_leaf() || t.storage().use_count() > 1) return t.detach();
+  return t.detach().to(type);
+}
+
+// A 2-D operand of bf16 or f16 as f32 (exact), in the same BLAS layout: a transposed view
+// stays one, so the CPU runs the kernel the f32 tensor would get.
+Tensor widened(const Tensor& m) {
+  if (!reduced(m.dtype())) return m;
+  return as_blas(m).transposed ? t2(t2(m).to(DType::f32)) : m.to(DType::f32);
+}
+
 // out[m, n] = beta · out + a[m, k] @ b[k, n]; out contiguous. With a bias [n] (beta 0), out =
 // a @ b + the bias in every row: the bits of out holding the bias with beta 1, which is how
-// GPUs compute it; the CPU kernel adds it as it stores its tiles.
+// GPUs compute it; the CPU kernel adds it as it stores its tiles. An operand of bf16 or f16
+// makes the product read both in that type (out is f32).
 void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, double beta, const Tensor& bias = Tensor()) {
+  if (const DType type = reduced_type(a, b); type != DType::f32) {
+#if LOCKSTEP_HAVE_CUDA
+    if (out.device().is_cuda()) {
+      const BlasMatrix A = as_blas(a), B = as_blas(b);
+      const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+      if (bias.defined()) {
+        out.copy_from(bias.as_strided({m, n}, {0, bias.strides()[0]}, bias.offset()));
+        beta = 1.0;
+      }
+      ops::cuda::gemm_mixed(A.transposed, B.transposed, m, n, k, A.holder.data_ptr(), a.dtype(), A.ld, 0,
+                            B.holder.data_ptr(), b.dtype(), B.ld, 0, static_cast<float>(beta), out.data_ptr<float>(),
+                            std::max<int64_t>(n, 1), 0, 1, out.device());
+      return;
+    }
+#endif
+    // The CPU multiplies f32 values; autocast has it round the other operand alike.
+    const AutocastGuard as_kept(type);
+    return gemm_into(widened(a), widened(b), out, beta, bias);
+  }
   const BlasMatrix A = as_blas(a), B = as_blas(b);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   ops::dispatch_float("matmul", a.dtype(), [&]<typename T>() {
@@ -63,7 +120,7 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, double beta,
 
 // Plain 2-D product without autograd.
 Tensor mm(const Tensor& a, const Tensor& b) {
-  Tensor out = Tensor::empty({a.size(0), b.size(1)}, a.dtype(), a.device());
+  Tensor out = Tensor::empty({a.size(0), b.size(1)}, product_dtype(a, b), a.device());
   gemm_into(a, b, out, 0.0);
   return out;
 }
@@ -127,6 +184,12 @@ void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out) {
     return;
   }
   const BlasBatch A = as_blas_batch(a), B = as_blas_batch(b);
+  if (reduced_type(a, b) != DType::f32) {
+    ops::cuda::gemm_mixed(A.transposed, B.transposed, m, n, k, A.holder.data_ptr(), a.dtype(), A.ld, A.stride,
+                          B.holder.data_ptr(), b.dtype(), B.ld, B.stride, 0.0f, out.data_ptr<float>(), n, m * n, batch,
+                          out.device());
+    return;
+  }
   ops::dispatch_float("matmul", a.dtype(), [&]<typename T>() {
     ops::cuda::gemm_strided_batched<T>(A.transposed, B.transposed, m, n, k, T(1), A.holder.data_ptr<T>(), A.ld,
                                        A.stride, B.holder.data_ptr<T>(), B.ld, B.stride, T(0), out.data_ptr<T>(), n,
@@ -140,7 +203,7 @@ void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out) {
 Tensor bmm(const Tensor& a, const Tensor& b) {
   const int64_t batch = a.dim() == 3 ? a.size(0) : b.size(0);
   const int64_t m = a.size(-2), n = b.size(-1);
-  Tensor out = Tensor::empty({batch, m, n}, a.dtype(), a.device());
+  Tensor out = Tensor::empty({batch, m, n}, product_dtype(a, b), a.device());
 #if LOCKSTEP_HAVE_CUDA
   if (out.device().is_cuda()) {
     bmm_cuda(a, b, out);
@@ -175,10 +238,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
         << "matmul: batch sizes differ: " << shape_str(a.shape()) << " @ " << shape_str(b.shape());
   }
   const bool batched = a.dim() == 3;
-  Tensor out = batched ? bmm(a, b) : mm(a, b);
+  const Tensor ap = as_product_operand(a), bp = as_product_operand(b);
+  Tensor out = batched ? bmm(ap, bp) : mm(ap, bp);
   const bool b_shared = batched && b.dim() == 2;
   autograd::record("MatmulBackward", {a, b}, {out},
-                   [a = a.detach(), b = b.detach(), batched, b_shared, need_a = a.requires_grad(),
+                   [a = ap, b = bp, batched, b_shared, need_a = a.requires_grad(),
                     need_b = b.requires_grad()](const std::vector<Tensor>& g) {
                      const Tensor& grad = g[0];
                      Tensor grad_a, grad_b;
@@ -214,7 +278,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   const Tensor xc = x.contiguous();
   const int64_t rows = x.numel() / std::max<int64_t>(in, 1);
-  const Tensor x2 = xc.detach().as_strided({rows, in}, {in, 1}, xc.offset());
+  const Tensor xp = as_product_operand(xc);
+  const Tensor x2 = xp.as_strided({rows, in}, {in, 1}, xp.offset());
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor out = Tensor::empty(out_shape, x.dtype(), device);

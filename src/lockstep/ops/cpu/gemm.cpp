@@ -24,12 +24,35 @@
 #include <algorithm>
 #include <bit>
 #include <type_traits>
+#include <vector>
 
+#include "lockstep/core/autocast.h"
+#include "lockstep/core/half_bits.h"
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/cpu/sgemm.h"
 
 namespace lockstep::cpu {
 namespace {
+
+// Under autocast an f32 product reads its operands rounded to bf16 or f16, as a GPU's
+// tensor cores do; the CPU then multiplies those values in f32, where the product of two of
+// them is exact. The rows x cols matrix at x (leading dimension ld), rounded into a dense one.
+std::vector<float> rounded(const float* x, int64_t rows, int64_t cols, int64_t ld, DType type) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t r = begin; r < end; ++r) {
+                   const float* from = x + r * ld;
+                   float* to = out.data() + r * cols;
+                   if (type == DType::bf16) {
+                     for (int64_t c = 0; c < cols; ++c) to[c] = bf16_to_f32(f32_to_bf16(from[c]));
+                   } else {
+                     for (int64_t c = 0; c < cols; ++c) to[c] = f16_to_f32(f32_to_f16(from[c]));
+                   }
+                 }
+               });
+  return out;
+}
 
 void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
           int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -113,6 +136,17 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc, const T* bias) {
   if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (const DType reduced = autocast_dtype(); reduced != DType::f32) {
+      // As stored: A is [m, k], or [k, m] when transposed; B [k, n] or [n, k].
+      const int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+      const std::vector<float> ra = rounded(a, trans_a ? k : m, a_cols, lda, reduced);
+      const std::vector<float> rb = rounded(b, trans_b ? n : k, b_cols, ldb, reduced);
+      const AutocastGuard rounded_already(DType::f32);
+      return gemm<float>(trans_a, trans_b, m, n, k, alpha, ra.data(), std::max<int64_t>(a_cols, 1), rb.data(),
+                         std::max<int64_t>(b_cols, 1), beta, c, ldc, bias);
+    }
+  }
   // Rows of C when it has at least as many rows as columns (each block packs all of B
   // again), else columns (each packs all of A again).
   const bool by_rows = m >= n;

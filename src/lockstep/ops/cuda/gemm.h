@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "lockstep/core/device.h"
+#include "lockstep/core/dtype.h"
 
 namespace lockstep::ops::cuda {
 
@@ -24,5 +25,13 @@ template <typename T>
 void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
                           int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b, T beta, T* c, int64_t ldc,
                           int64_t stride_c, int64_t batch, Device device);
+
+// An f32 product whose operands are each f32 or of a reduced type (bf16, f16): an
+// activation rounded once and kept for backward (ops/linalg.cpp). The product reads both in
+// that type — the reduced operand's, else autocast's — rounding an f32 operand to it, as gemm()
+// rounds both under autocast; alpha is 1. batch products at the given strides (batch 1: one).
+void gemm_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, DType a_type, int64_t lda,
+                int64_t stride_a, const void* b, DType b_type, int64_t ldb, int64_t stride_b, float beta, float* c,
+                int64_t ldc, int64_t stride_c, int64_t batch, Device device);
 
 }  // namespace lockstep::ops::cuda
