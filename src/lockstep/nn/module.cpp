@@ -210,8 +210,9 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     const Tensor& target = expected[i].second;
     // Loading a model's own state_dict into itself, or into a replica that shares its
     // weights: the bytes are already there.
-    const bool same_bytes = source[i]->raw_data() == target.raw_data() && source[i]->strides() == target.strides() &&
-                            source[i]->dtype() == target.dtype();
+    // (data_ptr: a GPU model's tensors have no host address to compare.)
+    const bool same_bytes = source[i]->device() == target.device() && source[i]->data_ptr() == target.data_ptr() &&
+                            source[i]->strides() == target.strides() && source[i]->dtype() == target.dtype();
     if (!same_bytes) target.copy_from(*source[i]);
   }
 }
