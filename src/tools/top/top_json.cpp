@@ -28,6 +28,37 @@ nlohmann::json gpm_json(const std::optional<gpu::GpmActivity>& gpm) {
           {"fp16", or_null(gpm->fp16)}};
 }
 
+// The health readings that stay put between samples, which `nvidia-smi -q` shows too
+// (scripts/smi_xml_compare.py compares them on a GPU machine). A section the GPU does not
+// have (retired pages from Ampere on, remapped rows before Ampere, the fabric without
+// NVSwitches) is null; within one, an unknown reading is null.
+nlohmann::json ecc_json(const gpu::GpuDevice& device) {
+  return {{"enabled", or_null(device.ecc_enabled)},
+          {"corrected_volatile", or_null(device.ecc_corrected_volatile)},
+          {"uncorrected_volatile", or_null(device.ecc_uncorrected_volatile)}};
+}
+
+nlohmann::json retired_pages_json(const gpu::GpuDevice& device) {
+  if (!device.retired_pages) return nullptr;
+  return {{"count", *device.retired_pages}, {"pending", or_null(device.retired_pages_pending)}};
+}
+
+nlohmann::json remapped_rows_json(const gpu::GpuDevice& device) {
+  if (!device.remapped_rows_correctable) return nullptr;
+  return {{"correctable", *device.remapped_rows_correctable},
+          {"uncorrectable", or_null(device.remapped_rows_uncorrectable)},
+          {"pending", or_null(device.remap_pending)},
+          {"failure", or_null(device.remap_failed)}};
+}
+
+nlohmann::json fabric_json(const gpu::GpuDevice& device) {
+  if (!device.fabric_state) return nullptr;
+  const char* state = "completed";
+  if (*device.fabric_state == gpu::FabricState::kNotStarted) state = "not_started";
+  if (*device.fabric_state == gpu::FabricState::kInProgress) state = "in_progress";
+  return {{"state", state}, {"error", device.fabric_error}};
+}
+
 nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned> cuda_index) {
   nlohmann::json processes = nlohmann::json::array();
   for (const gpu::GpuProcess& p : device.processes) {
@@ -55,11 +86,13 @@ nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned>
           {"power_w", watts(device.power_mw)},
           {"power_limit_w", watts(device.power_limit_mw)},
           {"sm_clock_mhz", or_null(device.sm_clock_mhz)},
+          {"sm_clock_max_mhz", or_null(device.sm_clock_max_mhz)},
           {"memory_clock_mhz", or_null(device.memory_clock_mhz)},
           {"energy_mj", or_null(device.energy_mj)},
           {"pcie",
            {{"generation", or_null(device.pcie_generation)},
             {"generation_max", or_null(device.pcie_generation_max)},
+            {"generation_gpu_max", or_null(device.pcie_generation_gpu_max)},
             {"width", or_null(device.pcie_width)},
             {"width_max", or_null(device.pcie_width_max)},
             {"tx_kb_per_s", or_null(device.pcie_tx_kb_per_s)},
@@ -67,6 +100,11 @@ nlohmann::json device_json(const gpu::GpuDevice& device, std::optional<unsigned>
           {"throttle_reasons", device.throttle_reasons
                                    ? nlohmann::json(gpu::throttle_reason_names(*device.throttle_reasons))
                                    : nlohmann::json(nullptr)},
+          {"persistence_mode", or_null(device.persistence_mode)},
+          {"ecc", ecc_json(device)},
+          {"retired_pages", retired_pages_json(device)},
+          {"remapped_rows", remapped_rows_json(device)},
+          {"fabric", fabric_json(device)},
           {"gpm", gpm_json(device.gpm)},
           {"processes", processes},
           {"unavailable", device.unavailable}};
