@@ -344,6 +344,26 @@ TEST(NcclCommunicator, WorldOfOneRunsEveryCollective) {
   }
 }
 
+// NCCL takes whole GPUs: with logical devices (LOCKSTEP_CUDA_DEVICES_PER_GPU, as gpu-check's
+// CUDA tests run) a communicator is refused by name; with whole GPUs it is made.
+TEST(NcclCommunicator, RefusesCudaLogicalDevicesByName) {
+  REQUIRE_CUDA_DEVICES(1);
+  if (::lockstep::cuda::devices_per_gpu() == 1) {
+    run_ranks(1, true, [](NcclCommunicator& comm) { EXPECT_EQ(comm.size(), 1); });
+    return;
+  }
+  try {
+    NcclCommunicator::create(std::make_shared<MemoryStore>(), "logical", 0, 1, 0, std::chrono::seconds(10), true);
+    ADD_FAILURE() << "a communicator was made over logical devices";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("LOCKSTEP_CUDA_DEVICES_PER_GPU=" + std::to_string(::lockstep::cuda::devices_per_gpu()) +
+                        " splits each GPU into logical devices"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 // A host tensor (a step's flag, its loss, a checkpoint's pieces) travels through the rank's
 // GPU and back, so a layout never asks which backend it has.
 TEST(NcclCommunicator, HostTensorsTravelThroughTheRanksGpu) {

@@ -9,6 +9,7 @@
 #include "lockstep/comm/cuda/nccl_state.h"
 #include "lockstep/comm/cuda/tree_reduce_kernel.h"
 #include "lockstep/comm/slices.h"
+#include "lockstep/core/cuda_device.h"
 
 namespace lockstep::comm {
 namespace {
@@ -89,6 +90,12 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(std::shared_ptr<Store
   LOCKSTEP_CHECK(store != nullptr) << "nccl backend: create needs a store the ranks share";
   LOCKSTEP_CHECK(size >= 1 && rank >= 0 && rank < size)
       << "nccl backend: rank " << rank << " is outside a group of " << size;
+  // A rank's GPU is a CUDA runtime index and its tensors' device cuda:<that index>: logical
+  // devices (several per GPU, numbered apart from the GPUs) would mix the two numberings.
+  LOCKSTEP_CHECK(lockstep::cuda::devices_per_gpu() == 1)
+      << "nccl backend: LOCKSTEP_CUDA_DEVICES_PER_GPU=" << lockstep::cuda::devices_per_gpu()
+      << " splits each GPU into logical devices, but NCCL allows one rank per GPU: unset it, or let ranks on "
+         "logical devices meet over host memory (--backend shm, or one process driving them all)";
   nccl::check_runtime_version();
   int devices = 0;
   const cudaError_t found = cudaGetDeviceCount(&devices);
