@@ -164,7 +164,7 @@ TEST(DistributedDataParallelHalving, ARankThatRunsOutAloneHalvesEveryRank) {
     ASSERT_NE(small.weights, large.weights) << "the micro-batch is part of the result";
     const auto [limit, ballast] = limit_and_ballast(small, large);
     std::vector<std::string> errors_heard(kRanks), weights(kRanks);
-    std::vector<bool> unchanged(kRanks, false);
+    std::vector<char> unchanged(kRanks, 0);  // not vector<bool>: each rank's thread writes its own
     const MemoryLimit memory(limit, kRanks);
     const auto errors = run_ranks(kRanks, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
       comm->set_timeout(kTimeout);
