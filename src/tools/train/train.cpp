@@ -50,16 +50,13 @@ struct Evaluation {
 };
 
 // Mean loss and accuracy over every prediction: one per image, or one per position of a
-// text window (next-byte accuracy).
-Evaluation evaluate(nn::Module& model, const TensorDataset& data, const std::string& input_field,
-                    const std::string& target_field) {
-  NoGradGuard no_grad;
-  model.eval();
+// text window (next-byte accuracy), `batch` samples at a time.
+Evaluation evaluate_in_batches(nn::Module& model, const TensorDataset& data, const std::string& input_field,
+                               const std::string& target_field, int64_t batch) {
   const Tensor& inputs = data[input_field];
   const Tensor& targets = data[target_field];
   const int64_t n = data.size();
   const int64_t per_sample = n > 0 ? targets.numel() / n : 1;
-  const int64_t batch = std::max<int64_t>(1, 1000 / per_sample);  // about a thousand predictions at a time
   double loss_sum = 0;
   int64_t correct = 0;
   const Device device = model.parameters().front().device();
@@ -73,9 +70,34 @@ Evaluation evaluate(nn::Module& model, const TensorDataset& data, const std::str
     const auto truth = labels.to_vector<int64_t>();
     for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == truth[i];
   }
-  model.train();
   const double total = static_cast<double>(n * per_sample);
   return {n ? loss_sum / total : 0.0, n ? static_cast<double>(correct) / total : 0.0};
+}
+
+// About a thousand predictions at a time, and half as many each time that runs out of memory
+// (evaluation's activations are not the training step's, which the micro-batch sized: a
+// device given a GPU's memory can hold a step and not a thousand images' forward).
+Evaluation evaluate(nn::Module& model, const TensorDataset& data, const std::string& input_field,
+                    const std::string& target_field) {
+  NoGradGuard no_grad;
+  model.eval();
+  struct BackToTraining {
+    nn::Module& model;
+    ~BackToTraining() { model.train(); }
+  } back{model};
+  const int64_t n = data.size();
+  const int64_t per_sample = n > 0 ? data[target_field].numel() / n : 1;
+  for (int64_t batch = std::max<int64_t>(1, 1000 / per_sample);; batch /= 2) {
+    try {
+      return evaluate_in_batches(model, data, input_field, target_field, batch);
+    } catch (const OutOfMemoryError& e) {
+      if (batch == 1) throw;
+      const std::string what = e.what();  // its first clause: where, and how much was asked for
+      std::fprintf(stderr, "lockstep train: evaluating %lld samples at a time ran %s; taking %lld\n",
+                   static_cast<long long>(batch), what.substr(0, what.find(';')).c_str(),
+                   static_cast<long long>(batch / 2));
+    }
+  }
 }
 
 // The sample a trained GPT writes, starting a new fortune ("%\n" ends the one before).

@@ -256,6 +256,23 @@ TEST_F(TrainCommand, CpuDevicesGivenAGpusMemory) {
   EXPECT_NE(bad.output.find("LOCKSTEP_CPU_DEVICE_MEMORY='lots' is not a size"), std::string::npos) << bad.output;
 }
 
+// Evaluation's forward over a thousand images needs more than a step at micro-batch 4: on a
+// device given 24 MiB it halves its batch until it fits, and scores as a device with room.
+TEST_F(TrainCommand, EvaluationHalvesItsBatchWhereItRunsOut) {
+  write_dataset(data_, "t10k", 2000, 2);
+  const std::string flags = base("cnn") + " --micro-batch 4 --steps 2 --devices 1 --out " + root_.string() + "/";
+  ASSERT_EQ(run(flags + "roomy").exit_code, 0);
+  const Result tight = run_shell("CUDA_VISIBLE_DEVICES= LOCKSTEP_CPU_DEVICE_MEMORY=24M " + kBinary + " " + flags +
+                                 "tight");
+  ASSERT_EQ(tight.exit_code, 0) << tight.output;
+  EXPECT_NE(tight.output.find("evaluating 1000 samples at a time ran out of memory on cpu:0: tried to allocate"),
+            std::string::npos)
+      << tight.output;
+  EXPECT_NE(tight.output.find("; taking 500"), std::string::npos) << tight.output;
+  EXPECT_NEAR(summary(root_ / "tight")["test_accuracy"].get<double>(),
+              summary(root_ / "roomy")["test_accuracy"].get<double>(), 0.01);
+}
+
 // --micro-batch auto under ddp (2 processes over shm): the training set on cpu:0 counts
 // against LOCKSTEP_CPU_DEVICE_MEMORY and the plan leaves it out (docs/plan.md), so with a
 // large one and the limit between the measured peaks of micro-batches 64 and 128 the plan
