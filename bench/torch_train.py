@@ -138,17 +138,6 @@ def main():
 
         def loss_of(output, target):  # nn::gpt_loss: the mean over every position
             return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
-
-        if device.type == "cuda":
-            # The fixture's GPT makes its positions and causal mask with torch.arange and
-            # torch.ones and no device (it was written for the CPU cross-checks), so factory
-            # functions default to the GPU here. The data's own tensors name the CPU. Deprecated
-            # since 2.1 but kept: set_default_device's replacement intercepts every torch call
-            # in Python, which would slow PyTorch's side down.
-            if hasattr(torch, "set_default_tensor_type"):
-                torch.set_default_tensor_type(torch.cuda.FloatTensor)
-            else:
-                torch.set_default_device(device)
     else:
         inputs, targets = load_training_set(args.data)
         model = {"cnn": CNN, "mlp": MLP, "resnet": ResNet}[args.model]().to(device)
