@@ -28,6 +28,7 @@ Tensor Module::forward(const Tensor&) {
 }
 
 Tensor Module::operator()(const Tensor& x) {
+  if (before_parameter_access_) before_parameter_access_(false);
   if (before_forward_) before_forward_();
   const Tensor y = forward(x);
   return after_forward_ ? after_forward_(y) : y;
@@ -37,6 +38,8 @@ void Module::set_forward_hooks(ForwardPreHook before, ForwardHook after) {
   before_forward_ = std::move(before);
   after_forward_ = std::move(after);
 }
+
+void Module::set_parameter_access_hook(ParameterAccessHook hook) { before_parameter_access_ = std::move(hook); }
 
 void Module::check_new_name(const std::string& name, const char* what) const {
   LOCKSTEP_CHECK(!name.empty() && name.find('.') == std::string::npos)
@@ -84,6 +87,11 @@ void Module::collect_parameters(const std::string& prefix, NamedTensors& out,
 }
 
 NamedTensors Module::named_parameters() const {
+  if (before_parameter_access_) before_parameter_access_(true);
+  return named_parameters_unwaited();
+}
+
+NamedTensors Module::named_parameters_unwaited() const {
   NamedTensors out;
   std::vector<const TensorImpl*> seen;
   collect_parameters("", out, seen);
@@ -120,7 +128,7 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() {
 
 int64_t Module::num_parameters() const {
   int64_t total = 0;
-  for (const auto& entry : named_parameters()) total += entry.second.numel();
+  for (const auto& entry : named_parameters_unwaited()) total += entry.second.numel();
   return total;
 }
 
@@ -131,6 +139,7 @@ void Module::collect_state(const std::string& prefix, NamedTensors& out) const {
 }
 
 NamedTensors Module::state_dict() const {
+  if (before_parameter_access_) before_parameter_access_(true);
   NamedTensors out;
   collect_state("", out);
   return out;
@@ -233,7 +242,7 @@ void Module::to(Device device) {
 }
 
 void Module::zero_grad() {
-  for (const auto& entry : named_parameters()) entry.second.set_grad(Tensor());
+  for (const auto& entry : named_parameters_unwaited()) entry.second.set_grad(Tensor());
 }
 
 void Module::set_forward_context(const ForwardContext& context) {

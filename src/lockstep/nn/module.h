@@ -48,6 +48,16 @@ class Module {
   using ForwardHook = std::function<Tensor(const Tensor& output)>;
   void set_forward_hooks(ForwardPreHook before, ForwardHook after);
 
+  // Runs before this module's parameters are read or written through it, so that a writer
+  // that runs in the background (optimizer offload's overlapped update,
+  // optim/optimizer_read_guard.h) can finish first: whole = false first in operator(), before
+  // the forward hooks (forward reads the module's own parameters); whole = true in
+  // named_parameters(), parameters(), state_dict(), load_state_dict() and to(), which hand
+  // out or change every parameter below the module. One per module; empty removes it.
+  using ParameterAccessHook = std::function<void(bool whole)>;
+  void set_parameter_access_hook(ParameterAccessHook hook);
+  bool has_parameter_access_hook() const { return static_cast<bool>(before_parameter_access_); }
+
   // "Linear", "Sequential", ...: names the module in error messages.
   const std::string& type_name() const { return type_name_; }
 
@@ -131,6 +141,9 @@ class Module {
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, NamedTensors& out, std::vector<const TensorImpl*>& seen) const;
+  // named_parameters() without the access hook's wait, for what reads no value (shapes,
+  // gradients: num_parameters, zero_grad).
+  NamedTensors named_parameters_unwaited() const;
   void collect_buffers(const std::string& prefix, NamedTensors& out) const;
   void collect_state(const std::string& prefix, NamedTensors& out) const;
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out);
@@ -138,6 +151,7 @@ class Module {
   std::string type_name_;
   ForwardPreHook before_forward_;
   ForwardHook after_forward_;
+  ParameterAccessHook before_parameter_access_;
   NamedTensors parameters_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
