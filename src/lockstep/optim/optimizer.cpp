@@ -4,6 +4,8 @@
 
 #include "lockstep/autograd/grad_mode.h"
 #include "lockstep/core/cuda_device.h"
+#include "lockstep/core/parallel.h"
+#include "lockstep/optim/optimizer_background_updates.h"
 
 namespace lockstep::optim {
 namespace {
@@ -55,16 +57,60 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::vector<StateSlo
   set_lr(lr);
 }
 
+Optimizer::~Optimizer() {
+  // The worker calls update(), which the derived class's part of this object, gone by now,
+  // implemented: a guard over this optimizer waits for it before then.
+  if (background_) background_->wait_all_quietly();
+}
+
+bool Optimizer::overlaps_updates() const {
+  return offload_ && offload_updates_ == OffloadUpdates::overlapped && readers_wait_;
+}
+
+void Optimizer::wait_for_update(size_t index) const {
+  if (background_) background_->wait_until_landed(index);
+}
+
+void Optimizer::wait_for_updates() const {
+  if (background_) background_->wait_all();
+}
+
+void Optimizer::set_readers_wait(bool guarded) {
+  if (!guarded && background_) background_->wait_all_quietly();
+  // Made here, before any step, rather than by the first overlapped step: other threads'
+  // waits (DataParallel's devices wait for every device's optimizer) read background_.
+  if (guarded && !background_)
+    background_ = std::make_unique<BackgroundUpdates>(std::string(name()) + "'s offloaded update");
+  readers_wait_ = guarded;
+}
+
+void Optimizer::set_before_host_update(std::function<void(size_t index)> hook) {
+  wait_for_updates();
+  before_host_update_ = std::move(hook);
+}
+
+const std::vector<Tensor>& Optimizer::params() const {
+  wait_for_updates();
+  return params_;
+}
+
+const Tensor& Optimizer::state(size_t param, size_t slot) const {
+  wait_for_updates();
+  return state_.at(param).at(slot);
+}
+
 Device Optimizer::state_device(const Tensor& p, bool per_element) const {
   if (offload_) return *offload_;
   // p's own CPU device, so memory_stats counts a CPU parameter's counter there.
   return per_element || !p.device().is_cuda() ? p.device() : Device::cpu();
 }
 
-void Optimizer::offload_to(Device host) {
+void Optimizer::offload_to(Device host, OffloadUpdates updates) {
   LOCKSTEP_CHECK(host.is_cpu()) << name() << ": the optimizer state is offloaded to host memory, a CPU device; got "
                                 << host;
+  wait_for_updates();
   offload_ = host;
+  offload_updates_ = updates;
   for (std::vector<Tensor>& slots : state_)
     for (Tensor& t : slots)
       if (t.defined() && t.device() != host) t = t.to(host);
@@ -72,6 +118,7 @@ void Optimizer::offload_to(Device host) {
 }
 
 int64_t Optimizer::staging_bytes() const {
+  wait_for_updates();
   int64_t bytes = 0;
   for (const Staged& s : staged_)
     for (const Tensor* t : {&s.param, &s.grad})
@@ -79,27 +126,40 @@ int64_t Optimizer::staging_bytes() const {
   return bytes;
 }
 
-void Optimizer::update_on_host(size_t index, const Tensor& param, const Tensor& grad) {
+void Optimizer::stage_gradient(size_t index, const Tensor& grad) {
   Staged& staged = staged_.at(index);
   if (!staged.param.defined()) {
+    const Tensor& param = params_[index];
     staged.param = Tensor::empty(param.shape(), param.dtype(), *offload_);
     staged.grad = Tensor::empty(grad.shape(), grad.dtype(), *offload_);
   }
+  staged.grad.copy_from(grad);
+}
+
+void Optimizer::update_staged(size_t index) {
+  if (before_host_update_) before_host_update_(index);
+  const Staged& staged = staged_.at(index);
+  const Tensor& param = params_[index];
   // The parameter is read back each step rather than kept as the truth on the host: a
   // program may write the weights between steps (a load, an average of replicas).
   staged.param.copy_from(param);
-  staged.grad.copy_from(grad);
   update(index, staged.param, staged.grad);
   param.copy_from(staged.param);
 }
 
 void Optimizer::set_lr(double lr) {
   LOCKSTEP_CHECK(lr >= 0.0) << "optimizer: learning rate must be >= 0, got " << lr;
+  wait_for_updates();  // the update in flight reads lr_
   lr_ = lr;
 }
 
 void Optimizer::step() {
+  // The previous step's update has landed (its staging buffers are ours again), or its
+  // error is thrown here.
+  wait_for_updates();
   NoGradGuard no_grad;
+  const bool overlapped = overlaps_updates();
+  std::vector<size_t> queued;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();
@@ -114,12 +174,22 @@ void Optimizer::step() {
       g = dense;
     }
     if (offload_ && p.device() != *offload_) {
-      update_on_host(i, p, g);
+      // Copied now in both modes: the caller may reuse the gradient's memory once step()
+      // returns (a layout's flat gradient buffer, filled again by the next backward).
+      stage_gradient(i, g);
+      if (overlapped) {
+        queued.push_back(i);
+      } else {
+        update_staged(i);
+      }
     } else {
       update(i, p, g);
     }
   }
   ++step_count_;
+  if (queued.empty()) return;
+  background_->start(
+      std::move(queued), [this](size_t index) { update_staged(index); }, num_threads(), step_count_);
 }
 
 void Optimizer::zero_grad() {
@@ -138,6 +208,7 @@ Tensor& Optimizer::state_slot(size_t param, size_t slot) {
 }
 
 int64_t Optimizer::state_bytes() const {
+  wait_for_updates();
   int64_t bytes = 0;
   for (const std::vector<Tensor>& slots : state_)
     for (const Tensor& t : slots)
@@ -146,6 +217,7 @@ int64_t Optimizer::state_bytes() const {
 }
 
 NamedTensors Optimizer::state_dict() const {
+  wait_for_updates();
   NamedTensors out;
   out.emplace_back(kStepKey, Tensor::scalar(static_cast<double>(step_count_), DType::i64));
   for (size_t i = 0; i < params_.size(); ++i)
@@ -155,6 +227,7 @@ NamedTensors Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const NamedTensors& state) {
+  wait_for_updates();
   std::vector<std::vector<Tensor>> loaded(params_.size(), std::vector<Tensor>(slots_.size()));
   int64_t step_count = -1;
   std::ostringstream problems;

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +16,19 @@
 #include "lockstep/nn/named_tensors.h"
 
 namespace lockstep::optim {
+
+class BackgroundUpdates;
+class ParameterReadGuard;
+
+// How an offloaded optimizer steps (Optimizer::offload_to).
+enum class OffloadUpdates {
+  // Inside step(): it returns with every parameter updated.
+  synchronous,
+  // In the background, overlapped with what the caller does next (the next forward), where a
+  // ParameterReadGuard (optimizer_read_guard.h) makes every reader of the parameters wait
+  // for their update; the layouts that can, install one. Without one, as synchronous.
+  overlapped,
+};
 
 // One kind of per-parameter state. State named `name` for parameter i is saved as
 // "state.<i>.<name>". Per-element slots have the parameter's shape and dtype; the others
@@ -28,20 +43,24 @@ class Optimizer {
   // params: contiguous, floating-point tensors that require grad (model.parameters()),
   // each at most once. Their order numbers the state.
   Optimizer(std::vector<Tensor> params, double lr, std::vector<StateSlot> slots);
-  virtual ~Optimizer() = default;
+  // Waits for an overlapped update still in flight. A ParameterReadGuard over this optimizer
+  // must go first (the layouts that make one declare it after their optimizers).
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
   // Updates every parameter that has a gradient (those without are skipped, their state
-  // untouched) and counts the step.
+  // untouched) and counts the step. Under overlapped offload it returns once the gradients
+  // are copied to the host and the rest is queued (see offload_to).
   void step();
-  // Sets every parameter's grad to undefined (PyTorch's set_to_none=True).
+  // Sets every parameter's grad to undefined (PyTorch's set_to_none=True). Does not wait for
+  // an overlapped update: step() has copied the gradients it reads before returning.
   void zero_grad();
 
   double lr() const { return lr_; }
   void set_lr(double lr);
   int64_t step_count() const { return step_count_; }
-  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<Tensor>& params() const;
 
   // "step" (i64 scalar: step() calls so far) then, per parameter in order, its existing
   // state slots "state.<i>.<slot>". Hyperparameters (lr, betas, ...) are not saved: they
@@ -61,15 +80,35 @@ class Optimizer {
   // AdamW's 8 bytes of moments per parameter leave the GPU, and 12 bytes per parameter cross
   // the bus each step. The update is elementwise and the GPU's kernels compute as the CPU's
   // (docs/architecture.md), so the bits do not change. `host` is a CPU device; state already
-  // created moves there. Parameters already on `host` are stepped in place.
-  void offload_to(Device host);
+  // created moves there. Parameters already on `host` are stepped in place, inside step().
+  //
+  // Overlapped (where a ParameterReadGuard covers the parameters): step() copies the
+  // gradients to the host (the caller may reuse their memory at once) and queues the rest on
+  // this optimizer's worker thread, which reads each parameter, updates it and writes it back
+  // in parameter order. Every call here that reads or writes the parameters or the state
+  // (step, set_lr, params, state, state_dict, load_state_dict, state_bytes, staging_bytes,
+  // offload_to) waits for it first, and the guard makes the model's readers wait. The same
+  // code updates the same bytes, so the bits are the synchronous ones. An error in the
+  // background is thrown by the next wait.
+  void offload_to(Device host, OffloadUpdates updates = OffloadUpdates::overlapped);
   // The device offload_to named; none when the state lives beside the parameters.
   std::optional<Device> offload_device() const { return offload_; }
+  // Whether step() leaves the host's update running in the background now: offloaded,
+  // overlapped, and a ParameterReadGuard covers the parameters.
+  bool overlaps_updates() const;
+  // Returns once the update of parameter `index` by the last step() has landed (at once
+  // where nothing runs in the background); throws the background's error if it failed.
+  void wait_for_update(size_t index) const;
+  // The same for every parameter.
+  void wait_for_updates() const;
+  // Runs on the thread that updates an offloaded parameter on the host, just before it, with
+  // the parameter's index: tests make the host slow, or fail, through it.
+  void set_before_host_update(std::function<void(size_t index)> hook);
   // Bytes of the host buffers that offload stages parameters and gradients in.
   int64_t staging_bytes() const;
 
   // State of parameter i in slot s (undefined until created), for sharded optimizers.
-  const Tensor& state(size_t param, size_t slot) const { return state_.at(param).at(slot); }
+  const Tensor& state(size_t param, size_t slot) const;
   const std::vector<StateSlot>& slots() const { return slots_; }
 
  protected:
@@ -78,6 +117,9 @@ class Optimizer {
   virtual void update(size_t index, const Tensor& param, const Tensor& grad) = 0;
   // The state tensor of (param, slot), created (zeros) on first use.
   Tensor& state_slot(size_t param, size_t slot);
+  // Whether (param, slot) has state yet. update() asks this, not state(), which would wait
+  // for the very update that asks.
+  bool has_state(size_t param, size_t slot) const { return state_.at(param).at(slot).defined(); }
   // Short name for errors: "SGD", "AdamW".
   virtual const char* name() const = 0;
 
@@ -87,9 +129,16 @@ class Optimizer {
   // Where the state of parameter p lives: beside it, or on the offload device; a counter of
   // a GPU parameter, which the host reads every step, in host memory.
   Device state_device(const Tensor& p, bool per_element) const;
-  // Offload: the host copy of parameter `index` and its gradient `grad`, updated there and
-  // copied back.
-  void update_on_host(size_t index, const Tensor& param, const Tensor& grad);
+  // Offload: copies gradient `grad` of parameter `index` into its host buffer (made on first
+  // use, with the parameter's).
+  void stage_gradient(size_t index, const Tensor& grad);
+  // Offload: reads parameter `index` into its host buffer, updates it there from its staged
+  // gradient and copies it back. Synchronous offload runs it inside step(), overlapped
+  // offload on the worker.
+  void update_staged(size_t index);
+  // Called by ParameterReadGuard: whether a guard makes the parameters' readers wait.
+  friend class ParameterReadGuard;
+  void set_readers_wait(bool guarded);
 
   std::vector<Tensor> params_;
   std::vector<StateSlot> slots_;
@@ -100,6 +149,11 @@ class Optimizer {
     Tensor param, grad;
   };
   std::vector<Staged> staged_;  // offload: per parameter, its host buffers (created on first step)
+  OffloadUpdates offload_updates_ = OffloadUpdates::synchronous;
+  bool readers_wait_ = false;  // a ParameterReadGuard covers the parameters
+  std::function<void(size_t)> before_host_update_;
+  // Overlapped offload's worker, made when a guard first covers the parameters.
+  std::unique_ptr<BackgroundUpdates> background_;
 };
 
 // The grain for parallel_for in elementwise update loops: below it, threads cost more than

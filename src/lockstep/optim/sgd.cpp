@@ -56,7 +56,7 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
 void SGD::update(size_t index, const Tensor& param, const Tensor& grad) {
   const bool decay = options_.weight_decay != 0.0;
   const bool use_momentum = options_.momentum != 0.0;
-  const bool first = use_momentum && !state(index, kMomentumSlot).defined();
+  const bool first = use_momentum && !has_state(index, kMomentumSlot);
   Tensor buf;
   if (use_momentum) buf = state_slot(index, kMomentumSlot);
   const int64_t n = param.numel();
