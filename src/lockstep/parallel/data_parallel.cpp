@@ -125,6 +125,16 @@ DataParallel::DataParallel(const DataParallelOptions& options, const MakeReplica
   sums_.resize(devices);
   if (options.precision == DType::f16) scalers_.resize(devices);
   if (!shared_weights_) exchange_ = std::make_unique<GpuShareExchange>(options.devices);
+  // Offload's overlapped update, where only the replicas' forwards read the weights after a
+  // step: on CPU devices (one copy, every device's shares in it) or one GPU. Several GPUs
+  // copy each other's updated shares within the step (gather_shares), so they step inside it.
+  if (shared_weights_ || options.devices == 1) {
+    std::vector<nn::Module*> replicas;
+    std::vector<optim::Optimizer*> optimizers;
+    for (const auto& replica : replicas_) replicas.push_back(replica.get());
+    for (const auto& optimizer : optimizers_) optimizers.push_back(optimizer.get());
+    read_guard_ = std::make_unique<optim::ParameterReadGuard>(replicas, optimizers);
+  }
   workers_ = std::make_unique<DeviceWorkers>(
       options.devices, options.threads_per_device, [this](int device, const std::string& message) {
         // The other devices stop waiting for this one.

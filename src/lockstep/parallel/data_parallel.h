@@ -28,6 +28,7 @@
 #include "lockstep/nn/module.h"
 #include "lockstep/optim/loss_scaler.h"
 #include "lockstep/optim/optimizer.h"
+#include "lockstep/optim/optimizer_read_guard.h"
 #include "lockstep/parallel/device_workers.h"
 #include "lockstep/parallel/layout.h"
 #include "lockstep/parallel/sharded_optimizer.h"
@@ -136,6 +137,9 @@ class DataParallel final : public Layout {
   std::vector<std::shared_ptr<comm::Communicator>> comms_;
   std::unique_ptr<GpuShareExchange> exchange_;  // GPU devices
   std::unique_ptr<DeviceWorkers> workers_;
+  // Offload's overlapped update: every replica's forward waits for the devices' optimizers
+  // (destroyed first, so it waits before they and the replicas go).
+  std::unique_ptr<optim::ParameterReadGuard> read_guard_;
 };
 
 }  // namespace lockstep::parallel

@@ -99,6 +99,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       gathering_ = std::make_unique<ParameterGathering>(gather_plan_, gradients_, *sharded_->sharded_weights());
   } else {
     optimizer_ = make_optimizer(model_->parameters());
+    // This rank's weights are its own and only its model reads them: its forward may run
+    // while an offloaded optimizer still updates them (the model's readers wait).
+    read_guard_ = std::make_unique<optim::ParameterReadGuard>(std::vector<nn::Module*>{model_.get()},
+                                                              std::vector<optim::Optimizer*>{optimizer_.get()});
   }
 
   // The final micro-batch's gradients are reduced where they lie: in memory the peers can

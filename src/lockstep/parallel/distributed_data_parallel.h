@@ -50,6 +50,7 @@
 #include "lockstep/nn/module.h"
 #include "lockstep/optim/loss_scaler.h"
 #include "lockstep/optim/optimizer.h"
+#include "lockstep/optim/optimizer_read_guard.h"
 #include "lockstep/parallel/flat_gradients.h"
 #include "lockstep/parallel/gradient_collector.h"
 #include "lockstep/parallel/gradient_tree.h"
@@ -237,6 +238,9 @@ class DistributedDataParallel final : public Layout {
   bool hold_buckets_ = false;         // this step reduces after backward (local SGD, PowerSGD)
   std::vector<Tensor> placeholders_;  // a failed step's stand-ins for what it owed, until sent
   bool group_ended_ = false;          // an error aborted the communicator
+  // Offload's overlapped update of optimizer_: the model's readers wait for it (destroyed
+  // first, so it waits before the optimizer and the model go).
+  std::unique_ptr<optim::ParameterReadGuard> read_guard_;
 };
 
 }  // namespace lockstep::parallel

@@ -85,6 +85,10 @@ void ShardedOptimizer::update(std::vector<Tensor> grads, DeviceTimes& times) {
   StepClock::time_point start = StepClock::now();
   for (size_t u = 0; u < parts_.size(); ++u) parts_[u].set_grad(grads[u]);
   optimizer_->step();
+  // The parts are gathered (or the ranks told they are written) right away, so an offloaded
+  // update is never left to the background here (no read guard covers the parts): should one
+  // ever be, this is where the gather waits for it.
+  optimizer_->wait_for_updates();
   optimizer_->zero_grad();
   grads.clear();
   times.optimizer += seconds_since(start);
