@@ -89,7 +89,8 @@ class Optimizer {
   // (step, set_lr, params, state, state_dict, load_state_dict, state_bytes, staging_bytes,
   // offload_to) waits for it first, and the guard makes the model's readers wait. The same
   // code updates the same bytes, so the bits are the synchronous ones. An error in the
-  // background is thrown by the next wait.
+  // background is thrown by the next wait, and by every one after it (the weights are partly
+  // updated).
   void offload_to(Device host, OffloadUpdates updates = OffloadUpdates::overlapped);
   // The device offload_to named; none when the state lives beside the parameters.
   std::optional<Device> offload_device() const { return offload_; }
