@@ -6,6 +6,7 @@
 
 #include "lockstep/comm/flight_recorder.h"
 #include "lockstep/ops/ops.h"
+#include "lockstep/parallel/sharded_loss_scaling.h"
 #include "lockstep/parallel/step_agreement.h"
 
 namespace lockstep::parallel {
@@ -64,8 +65,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   // Every rank starts from rank 0's weights and buffers.
   for (const auto& [name, tensor] : model_->state_dict()) comm_->broadcast(tensor, 0);
   check_precision(options.precision, gradients_.params().front().device());
-  LOCKSTEP_CHECK(!(options.zero_stage > 0 && options.precision == DType::f16))
-      << "f16 with ZeRO is not supported yet: use bf16 (no loss scale needed) or zero_stage 0";
   if (options.precision == DType::f16) scaler_.emplace();
   LOCKSTEP_CHECK(options.gradient_dtype == DType::f32 || options.gradient_dtype == DType::bf16)
       << "gradients cross between ranks in f32 or bf16, not " << dtype_name(options.gradient_dtype);
@@ -539,13 +538,15 @@ void DistributedDataParallel::update(const std::vector<Tensor>& statistic_sums, 
   }
   times.communicate += seconds_since(start);
   if (sharded_) {
+    // f16: each rank unscales its shard and the ranks agree on skipping.
+    const UpdateGate gate = scaler_ ? loss_scaled_gate(*scaler_, *comm_, &result.skipped) : nullptr;
     if (options_.zero_stage >= 2) {
-      sharded_->step_shard(grad_shard_, times);
+      sharded_->step_shard(grad_shard_, times, gate);
     } else if (options_.zero_stage == 1) {
       const comm::FlightPhase phase("optimizer");
-      sharded_->step(last_leaf_, times, grad_shard_);
+      sharded_->step(last_leaf_, times, grad_shard_, gate);
     } else {
-      sharded_->step_reduced(last_leaf_, times);
+      sharded_->step_reduced(last_leaf_, times, gate);
     }
     grad_shard_ = Tensor();
     last_leaf_ = Tensor();

@@ -80,7 +80,8 @@ struct DistributedDataParallelOptions {
   // copy across the socket link.
   bool share_weights = true;
   // GPU ranks: the type matrix products read (bf16, f16; core/autocast.h); f16 also scales
-  // the loss (optim/loss_scaler.h) and skips steps whose gradients overflow.
+  // the loss (optim/loss_scaler.h) and skips steps whose gradients overflow — under ZeRO,
+  // where each rank holds a shard of the sums, once the ranks agree (sharded_loss_scaling.h).
   DType precision = DType::f32;
   // The type gradients cross between ranks in: f32, or bf16 for half the bytes on a slow
   // link. Under bf16 every node of the step's tree — each micro-batch's gradients, each

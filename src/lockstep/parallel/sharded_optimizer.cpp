@@ -46,7 +46,8 @@ int64_t ShardedOptimizer::part_begin(size_t unit) const {
   return u.begin + u.shard_size(comm_.size()) * comm_.rank();
 }
 
-void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times, const Tensor& given_shard) {
+void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times, const Tensor& given_shard,
+                            const UpdateGate& gate) {
   const StepClock::time_point start = StepClock::now();
   const Tensor grad_shard =
       given_shard.defined() ? given_shard : Tensor::empty({shard_size()}, gradients.dtype(), gradients.device());
@@ -60,17 +61,17 @@ void ShardedOptimizer::step(const Tensor& gradients, DeviceTimes& times, const T
   }
   for (const comm::Work& work : works) work.wait();
   times.communicate += seconds_since(start);
-  step_shard(grad_shard, times);
+  step_shard(grad_shard, times, gate);
 }
 
-void ShardedOptimizer::step_reduced(const Tensor& sums, DeviceTimes& times) {
+void ShardedOptimizer::step_reduced(const Tensor& sums, DeviceTimes& times, const UpdateGate& gate) {
   std::vector<Tensor> grads;
   for (size_t u = 0; u < parts_.size(); ++u)
     grads.push_back(slice(sums, 0, part_begin(u), part_begin(u) + parts_[u].numel()));
-  update(std::move(grads), times);
+  update(std::move(grads), times, gate);
 }
 
-void ShardedOptimizer::step_shard(const Tensor& grad_shard, DeviceTimes& times) {
+void ShardedOptimizer::step_shard(const Tensor& grad_shard, DeviceTimes& times, const UpdateGate& gate) {
   LOCKSTEP_CHECK(grad_shard.numel() == shard_size())
       << "a shard of gradients holds " << shard_size() << " elements here, got " << grad_shard.numel();
   std::vector<Tensor> grads;
@@ -78,11 +79,15 @@ void ShardedOptimizer::step_shard(const Tensor& grad_shard, DeviceTimes& times) 
     const int64_t at = shard_offset(layout_.units()[u], comm_.size());
     grads.push_back(slice(grad_shard, 0, at, at + parts_[u].numel()));
   }
-  update(std::move(grads), times);
+  update(std::move(grads), times, gate);
 }
 
-void ShardedOptimizer::update(std::vector<Tensor> grads, DeviceTimes& times) {
+void ShardedOptimizer::update(std::vector<Tensor> grads, DeviceTimes& times, const UpdateGate& gate) {
   StepClock::time_point start = StepClock::now();
+  if (gate && !gate(grads)) {  // every rank skips alike: nothing changed, nothing to gather
+    times.optimizer += seconds_since(start);
+    return;
+  }
   for (size_t u = 0; u < parts_.size(); ++u) parts_[u].set_grad(grads[u]);
   optimizer_->step();
   // The parts are gathered (or the ranks told they are written) right away, so an offloaded

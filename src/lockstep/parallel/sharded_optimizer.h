@@ -31,6 +31,11 @@ namespace lockstep::parallel {
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
 
+// Called with this rank's parts of the reduced gradients (one tensor per unit, which it may
+// change in place) before they are stepped: whether to step them. Collective where it must be:
+// every rank must give the same answer, as an f16 step's skip (sharded_loss_scaling.h).
+using UpdateGate = std::function<bool(const std::vector<Tensor>& grads)>;
+
 class ShardedOptimizer {
  public:
   // layout: the parameters, built with shards = comm.size(). Every rank's parameters must
@@ -52,14 +57,17 @@ class ShardedOptimizer {
   // Adds the time spent to times.communicate and times.optimizer. grad_shard: where this
   // rank's part of the reduced gradients goes (shard_size() elements), made here when
   // undefined; a caller that must not run out of memory past some point makes it before.
-  void step(const Tensor& gradients, DeviceTimes& times, const Tensor& grad_shard = Tensor());
+  // gate: asked before the update; on false nothing is stepped or gathered (every rank must
+  // agree), the weights and state unchanged.
+  void step(const Tensor& gradients, DeviceTimes& times, const Tensor& grad_shard = Tensor(),
+            const UpdateGate& gate = nullptr);
   // The same from gradients every rank has reduced already (an all-reduce, as distributed
   // data parallelism runs bucket by bucket during backward): updates this rank's parts from
   // its ranges of them, then as step().
-  void step_reduced(const Tensor& sums, DeviceTimes& times);
+  void step_reduced(const Tensor& sums, DeviceTimes& times, const UpdateGate& gate = nullptr);
   // The same from this rank's shard buffer of reduced gradients (ZeRO-2 reduce-scatters them
   // during backward).
-  void step_shard(const Tensor& grad_shard, DeviceTimes& times);
+  void step_shard(const Tensor& grad_shard, DeviceTimes& times, const UpdateGate& gate = nullptr);
   void set_lr(double lr) { optimizer_->set_lr(lr); }
   double lr() const { return optimizer_->lr(); }
   // Bytes of optimizer state this rank holds.
@@ -84,7 +92,7 @@ class ShardedOptimizer {
  private:
   // Updates the parts from their gradients (one per unit; released before the weights are
   // gathered), then gathers the parts or waits for them.
-  void update(std::vector<Tensor> grads, DeviceTimes& times);
+  void update(std::vector<Tensor> grads, DeviceTimes& times, const UpdateGate& gate);
   // Slot s of the optimizer's state as a full flat buffer, on every rank (root < 0) or on
   // root alone (the others send and get an undefined tensor).
   Tensor gather_slot(size_t slot, int root);
