@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 
 #include "lockstep/core/parallel.h"
 #include "lockstep/ops/reduce.h"
@@ -203,6 +205,48 @@ TEST(Elementwise, GeluIsTheExactErfForm) {
   expect_unary_matches(gelu, reference, -13, -6, 1e-6, {-14, -15, -100}, 1e-13);
   expect_all_close(gelu(Tensor::from_vector<double>({-1, 0, 1}, {3})), {-0.15865525393145707, 0, 0.8413447460685429},
                    1e-15);
+}
+
+// The float activations run as SIMD loops whose leftover elements (and chunks too short for
+// a vector) take the scalar code: both must give every element the same bits, or a result
+// would depend on where a thread's share of the tensor begins, so on the thread count.
+// Each element computed alone (the scalar code) against it within one long tensor.
+TEST(Elementwise, VectorLoopsGiveEachElementsOwnBits) {
+  constexpr int64_t n = 4099;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> wide(-20.0f, 20.0f);
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    values[static_cast<size_t>(i)] = i % 3 == 0 ? std::bit_cast<float>(bits) : wide(rng);
+  }
+  struct Case {
+    const char* name;
+    Tensor (*op)(const Tensor&);
+  };
+  const Case cases[] = {{"gelu", [](const Tensor& x) { return gelu(x); }},
+                        {"tanh", [](const Tensor& x) { return tanh(x); }},
+                        {"exp", [](const Tensor& x) { return exp(x); }}};
+  const Tensor ones = Tensor::ones({n});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor x = Tensor::from_vector(values, {n}).set_requires_grad(true);
+    const Tensor y = c.op(x);
+    y.backward(ones);
+    const auto together = y.to_vector<float>(), gradients = x.grad().to_vector<float>();
+    int64_t differing = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor one = Tensor::from_vector(std::vector<float>{values[static_cast<size_t>(i)]}, {1}).set_requires_grad(true);
+      const Tensor alone = c.op(one);
+      alone.backward(Tensor::ones({1}));
+      const auto same = [](float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
+      if (!same(alone.to_vector<float>()[0], together[static_cast<size_t>(i)]) ||
+          !same(one.grad().to_vector<float>()[0], gradients[static_cast<size_t>(i)])) {
+        if (++differing <= 3) ADD_FAILURE() << "element " << i << " (" << values[static_cast<size_t>(i)] << ")";
+      }
+    }
+    EXPECT_EQ(differing, 0);
+  }
 }
 
 TEST(Elementwise, ReluLogSqrtSquareFollowIeee) {
