@@ -87,17 +87,17 @@ Probe probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, in
   return result;
 }
 
-// Per sample and fixed, from probes of one and two samples (the second run of each size
-// times it, the first warms the allocator and the threads up). Untimed, one probe of one
-// sample: its bytes are all per sample (what a micro-batch needs whatever its size is small
-// beside them), and no time is taken.
+// What a pass keeps per sample, what backward adds to it, and the bytes a micro-batch needs
+// whatever its size: from passes of one and two samples (after one that warms the allocator
+// up) where `two_sizes`, else from one pass of one sample, whose bytes are then all taken as
+// per sample (what a micro-batch needs whatever its size is small beside them).
 struct Scaled {
   double kept = 0, transient = 0;  // per sample: kept after forward; the most backward adds to it
-  double fixed_bytes = 0, per_sample_seconds = 0, fixed_seconds = 0;
+  double fixed_bytes = 0;
 };
-Scaled scaled_probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, DType precision, bool timed) {
+Scaled scaled_probe(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, DType precision, bool two_sizes) {
   Scaled s;
-  if (!timed) {
+  if (!two_sizes) {
     const Probe one = probe(model, loss_of, 1, precision);
     s.kept = one.kept;
     s.transient = std::max(0.0, one.peak - one.kept);
@@ -109,9 +109,40 @@ Scaled scaled_probe(nn::Module& model, const std::function<Tensor(int64_t)>& los
   s.kept = std::max(0.0, two.kept - one.kept);
   s.transient = std::max(0.0, (two.peak - one.peak) - s.kept);
   s.fixed_bytes = std::max(0.0, one.peak - (s.kept + s.transient));
+  return s;
+}
+
+// The seconds of a forward and backward, per sample and fixed, from passes of one and two
+// samples (after one that warms the allocator and the threads up). A pass takes
+// milliseconds, so a preemption or a page fault doubles one, and this host's speed moves
+// from one second to the next: the two sizes are timed in turn for about a tenth of a second
+// and each one's median taken, how long a pass takes most of the time, as the median of a
+// training's step times is.
+struct SampleSeconds {
+  double per_sample = 0, fixed = 0;
+};
+SampleSeconds sample_seconds(nn::Module& model, const std::function<Tensor(int64_t)>& loss_of, DType precision) {
+  constexpr double kBudgetSeconds = 0.1;
+  constexpr size_t kMost = 25;
+  (void)probe(model, loss_of, 1, precision);
+  std::vector<double> ones, twos;
+  const auto start = Clock::now();
+  // A model whose pass takes longer than the budget is timed once: its seconds are long
+  // beside a preemption.
+  while (ones.empty() ||
+         (ones.size() < kMost && std::chrono::duration<double>(Clock::now() - start).count() < kBudgetSeconds)) {
+    ones.push_back(probe(model, loss_of, 1, precision).seconds);
+    twos.push_back(probe(model, loss_of, 2, precision).seconds);
+  }
+  const auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const double one = median(ones), two = median(twos);
+  SampleSeconds s;
   // Timing is noisier than counting: a micro-batch of two costs at least one of one.
-  s.per_sample_seconds = std::clamp(two.seconds - one.seconds, two.seconds / 4, two.seconds / 2);
-  s.fixed_seconds = std::max(0.0, one.seconds - s.per_sample_seconds);
+  s.per_sample = std::clamp(two - one, two / 4, two / 2);
+  s.fixed = std::max(0.0, one - s.per_sample);
   return s;
 }
 
@@ -171,11 +202,13 @@ ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& preci
 
   // One block and two, plain and checkpointed: a block's share is their difference.
   Scaled plain[2], checkpointed[2];
+  SampleSeconds one_block;
   for (int blocks = 1; blocks <= 2; ++blocks) {
     nn::GptConfig small = config;
     small.layers = blocks;
     nn::Gpt model(small, 1);
     plain[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast, timed);
+    if (timed && blocks == 1) one_block = sample_seconds(model, gpt_loss_of(model), autocast);
     model.checkpoint_activations = true;
     checkpointed[blocks - 1] = scaled_probe(model, gpt_loss_of(model), autocast, timed);
   }
@@ -200,9 +233,21 @@ ModelFacts gpt_model_facts(const nn::GptConfig& config, const std::string& preci
     facts.checkpointed.first_kept = std::min(first, facts.checkpointed.rest_kept);
   }
   facts.workspace_bytes = std::max(plain[1].fixed_bytes, checkpointed[1].fixed_bytes);
-  facts.block.seconds = std::max(0.0, plain[1].per_sample_seconds - plain[0].per_sample_seconds);
-  facts.base.seconds = std::max(plain[0].per_sample_seconds - facts.block.seconds, 0.0);
-  facts.micro_batch_seconds = plain[1].fixed_seconds;
+  // Timed on one block and on up to four: a block's share is their difference over the
+  // blocks between, which a millisecond of noise in either cannot swamp as it swamps the
+  // difference between one block and two.
+  if (timed) {
+    nn::GptConfig many_blocks = config;
+    many_blocks.layers = std::clamp<int64_t>(config.layers, 2, 4);
+    nn::Gpt model(many_blocks, 1);
+    set_num_threads(threads);
+    const SampleSeconds many = sample_seconds(model, gpt_loss_of(model), autocast);
+    set_num_threads(previous);
+    facts.block.seconds =
+        std::max(0.0, (many.per_sample - one_block.per_sample) / static_cast<double>(many_blocks.layers - 1));
+    facts.base.seconds = std::max(one_block.per_sample - facts.block.seconds, 0.0);
+    facts.micro_batch_seconds = many.fixed;
+  }
   facts.block.flops = gpt_block_flops(config);
   facts.base.flops = gpt_base_flops(config);
 
@@ -267,6 +312,7 @@ ModelFacts image_model_facts(const std::string& name, const std::string& precisi
     return cross_entropy(model->forward(Tensor::from_vector(pixels, {m, 1, 28, 28})), Tensor::from_vector(labels, {m}));
   };
   const Scaled scaled = scaled_probe(*model, loss_of, autocast_type(precision), timed);
+  const SampleSeconds seconds = timed ? sample_seconds(*model, loss_of, autocast_type(precision)) : SampleSeconds{};
   set_num_threads(previous);
 
   ModelFacts facts;
@@ -274,9 +320,9 @@ ModelFacts image_model_facts(const std::string& name, const std::string& precisi
   facts.parameters = element_count(*model);
   facts.zero3_gathered = most_gathered(gather_groups(*model, name), 2);
   facts.activations = {.rest_kept = scaled.kept, .last_transient = scaled.transient};
-  facts.base.seconds = scaled.per_sample_seconds;
+  facts.base.seconds = seconds.per_sample;
   facts.workspace_bytes = scaled.fixed_bytes;
-  facts.micro_batch_seconds = scaled.fixed_seconds;
+  facts.micro_batch_seconds = seconds.fixed;
   const int64_t parameters = facts.parameters;
   facts.share = [parameters](int, int, int) { return DeviceShare{.trained = parameters}; };
   facts.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
