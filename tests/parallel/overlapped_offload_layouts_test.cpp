@@ -17,6 +17,11 @@
 
 #include "lockstep/io/checkpoint.h"
 #include "lockstep/io/weights_sha256.h"
+#include "lockstep/nn/activation.h"
+#include "lockstep/nn/flatten.h"
+#include "lockstep/nn/init.h"
+#include "lockstep/nn/linear.h"
+#include "lockstep/nn/sequential.h"
 #include "lockstep/parallel/optimizer_offload.h"
 #include "parallel/ddp_testing.h"
 #include "parallel/rank_threads.h"
@@ -31,6 +36,16 @@ using rank_threads::run_ranks;
 const Device kHost = Device::cpu(2);
 constexpr int64_t kBatch = 16;
 constexpr int kSteps = 4, kResumeAt = 2;
+
+// Small enough that the 36 trainings below stay quick under ThreadSanitizer, and of two
+// layers with parameters, so that the ZeRO stages shard and gather more than one unit.
+std::shared_ptr<nn::Module> small_model(uint64_t seed) {
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(784, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 10)});
+  nn::initialize(*model, seed);
+  return model;
+}
 
 enum class Mode { in_place, synchronous, overlapped };
 
@@ -114,7 +129,7 @@ Result train_data_parallel(const OptimizerFactory& base, Mode mode) {
   auto make = [&](uint64_t seed) {
     return std::make_unique<DataParallel>(
         DataParallelOptions{.loss = classification(), .devices = 2, .micro_batch = 4},
-        [&](int) { return nn::make_model("mlp", seed); }, factory.make());
+        [&](int) { return small_model(seed); }, factory.make());
   };
   auto made = [&](std::unique_ptr<DataParallel> dp) {
     for (bool o : factory.take_overlapping()) result.overlapping.push_back(o);
@@ -155,8 +170,7 @@ Result train_ddp(const OptimizerFactory& base, Mode mode, const DistributedDataP
       return ddp;
     };
     auto make = [&](uint64_t seed) {
-      return made(
-          std::make_unique<DistributedDataParallel>(nn::make_model("mlp", seed), factory.make(), comm, options));
+      return made(std::make_unique<DistributedDataParallel>(small_model(seed), factory.make(), comm, options));
     };
     std::unique_ptr<DistributedDataParallel> ddp = make(kSeed);
     const std::string path = checkpoint_path(name, rank);
