@@ -18,6 +18,7 @@
 #include "lockstep/core/error.h"
 #include "tools/common/command_testing.h"
 #include "tools/common/flight_testing.h"
+#include "tools/common/small_dataset.h"
 #include "tools/common/test_hosts.h"
 
 namespace lockstep {
@@ -34,6 +35,8 @@ class MultiHost : public ::testing::Test {
     root_ = fs::temp_directory_path() / ("lockstep-multi-host-" + std::to_string(getpid()));
     fs::remove_all(root_);
     fs::create_directories(root_);
+    data_ = root_ / "data";
+    write_small_fashion_mnist(data_);
     hosts_ = std::make_unique<TestHosts>(2, "--rate 1gbit");
     ASSERT_TRUE(hosts_->ok()) << hosts_->error();
   }
@@ -48,7 +51,7 @@ class MultiHost : public ::testing::Test {
   }
   std::string sha(const std::string& run) const { return summary(run).value("weights_sha256", ""); }
 
-  fs::path root_;
+  fs::path root_, data_;  // data_: a small Fashion-MNIST look-alike
   std::unique_ptr<TestHosts> hosts_;
 };
 
@@ -67,7 +70,8 @@ TEST(TestHostsTest, TwoSetsAliveAtOnceKeepApart) {
 }
 
 TEST_F(MultiHost, DdpAndZeroAcrossTwoHostsGiveOneDevicesBits) {
-  const std::string flags = "train --quiet --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1";
+  const std::string flags =
+      "train --quiet --data " + data_.string() + " --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1";
   ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
   for (const std::string strategy : {"ddp", "zero1", "zero2"}) {
     const Result r = run_shell(hosts_->mpirun(2, 2) + kBinary + " " + flags + " --strategy " + strategy +
@@ -87,7 +91,8 @@ TEST_F(MultiHost, DdpAndZeroAcrossTwoHostsGiveOneDevicesBits) {
 // bf16 gradients cross the hosts as bf16 partial sums (rounded_sum): one process's bits, not f32's.
 TEST_F(MultiHost, BfloatGradientsAcrossHostsGiveOneProcesssBits) {
   const std::string flags =
-      "train --quiet --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1 --strategy ddp --grad-dtype "
+      "train --quiet --data " + data_.string() +
+      " --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1 --strategy ddp --grad-dtype "
       "bf16";
   ASSERT_EQ(run(flags + " --out " + (root_ / "one").string()).exit_code, 0);
   const Result r =
@@ -126,8 +131,8 @@ TEST_F(MultiHost, ARankKilledOnOneHostEndsTheJobOnBoth) {
   const fs::path flight = root_ / "flight";
   auto job = std::async(std::launch::async, [&] {
     return run_shell("env LOCKSTEP_FLIGHT_DIR=" + flight.string() + " " + hosts_->mpirun(2, 2, "LOCKSTEP_FLIGHT_DIR") +
-                     kBinary +
-                     " train --quiet --model mlp --steps 100000 --batch-size 32 --micro-batch 8 --threads 1 "
+                     kBinary + " train --quiet --data " + data_.string() +
+                     " --model mlp --steps 100000 --batch-size 32 --micro-batch 8 --threads 1 "
                      "--strategy ddp --backend mpi --out " +
                      (root_ / "killed").string());
   });

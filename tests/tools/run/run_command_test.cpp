@@ -17,6 +17,7 @@
 
 #include "lockstep/core/device.h"
 #include "tools/common/command_testing.h"
+#include "tools/common/small_dataset.h"
 #include "tools/run/lost_peer.h"
 
 namespace lockstep {
@@ -229,9 +230,9 @@ TEST_F(RunCommand, RefusesAMasterPortInUse) {
 
 // Lockstep's own ddp training under `lockstep run`: one device's weights, bit for bit.
 TEST_F(RunCommand, RunsLockstepDdpTraining) {
-  const std::string dataset = "/usr/share/datasets/fashion-mnist";
-  if (!fs::exists(dataset + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "Fashion-MNIST is not installed";
-  const std::string flags = "train --quiet --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1";
+  write_small_fashion_mnist(root_ / "data");
+  const std::string flags = "train --quiet --data " + (root_ / "data").string() +
+                            " --model mlp --steps 4 --batch-size 32 --micro-batch 8 --threads 1";
   ASSERT_EQ(run(flags + " --devices 1 --out " + (root_ / "one").string()).exit_code, 0);
   const Result r = launch("-n 2 -- " + kBinary + " " + flags + " --strategy ddp --out " + (root_ / "ddp").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;

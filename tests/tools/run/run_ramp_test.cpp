@@ -10,6 +10,7 @@
 
 #include "gpu/standin_env.h"
 #include "tools/common/command_testing.h"
+#include "tools/common/small_dataset.h"
 
 namespace lockstep {
 namespace {
@@ -36,9 +37,9 @@ class RunRamp : public ::testing::Test {
 };
 
 TEST_F(RunRamp, LockstepTrainScalesWithOneDevicesWeights) {
-  const Result r =
-      ramp("--ramp 1,2 -- " + kBinary +
-           " train --quiet --model mlp --steps 8 --batch-size 32 --micro-batch 8 --threads 1 --strategy ddp");
+  write_small_fashion_mnist(root_ / "data");
+  const Result r = ramp("--ramp 1,2 -- " + kBinary + " train --quiet --data " + (root_ / "data").string() +
+                        " --model mlp --steps 8 --batch-size 32 --micro-batch 8 --threads 1 --strategy ddp");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("workers  throughput  speed-up  efficiency  source"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1.00x        100%  summary.json samples_per_second"), std::string::npos) << r.output;

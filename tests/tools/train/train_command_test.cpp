@@ -2,7 +2,6 @@
 // files it leaves behind.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,10 +17,10 @@
 #include <thread>
 
 #include "comm/process_launcher.h"
-#include "lockstep/core/philox.h"
 #include "lockstep/io/checkpoint.h"
 #include "lockstep/io/safetensors.h"
 #include "tools/common/command_testing.h"
+#include "tools/common/small_dataset.h"
 
 namespace lockstep {
 namespace {
@@ -35,36 +34,6 @@ constexpr bool kSanitized = true;
 constexpr bool kSanitized = false;
 #endif
 
-void write_gz(const fs::path& path, const std::string& bytes) {
-  gzFile file = gzopen(path.c_str(), "wb");
-  ASSERT_NE(file, nullptr);
-  ASSERT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  gzclose(file);
-}
-
-std::string be32(uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
-}
-
-// A small Fashion-MNIST look-alike: class c images are bright in row band c, so a model can
-// learn it in a few steps.
-void write_dataset(const fs::path& dir, const std::string& prefix, uint32_t n, uint64_t seed) {
-  fs::create_directories(dir);
-  std::string images = std::string("\0\0\x08\x03", 4) + be32(n) + be32(28) + be32(28);
-  std::string labels = std::string("\0\0\x08\x01", 4) + be32(n);
-  Philox rng(seed, 1);
-  for (uint32_t i = 0; i < n; ++i) {
-    const auto label = static_cast<uint8_t>(rng.next_below(10));
-    labels.push_back(static_cast<char>(label));
-    for (int p = 0; p < 28 * 28; ++p) {
-      const bool band = p / 28 / 3 == label;
-      images.push_back(static_cast<char>(band ? 200 + rng.next_below(56) : rng.next_below(40)));
-    }
-  }
-  write_gz(dir / (prefix + "-images-idx3-ubyte.gz"), images);
-  write_gz(dir / (prefix + "-labels-idx1-ubyte.gz"), labels);
-}
-
 class TrainCommand : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -72,8 +41,7 @@ class TrainCommand : public ::testing::Test {
                                          ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     data_ = root_ / "data";
-    write_dataset(data_, "train", 256, 1);
-    write_dataset(data_, "t10k", 100, 2);
+    write_small_fashion_mnist(data_);
   }
   void TearDown() override { fs::remove_all(root_); }
 
