@@ -1,6 +1,7 @@
-// A small Fashion-MNIST look-alike for tests that run `lockstep train` on the image models:
-// reading and evaluating the real 70,000 images takes several seconds per process under
-// the sanitizers, and a test that starts a job of four ranks five times pays it twenty times.
+// Small datasets for tests that run `lockstep train`: a Fashion-MNIST look-alike for the image
+// models and a text for the GPT. Reading and evaluating the real 70,000 images (or the
+// fortunes' validation split) takes several seconds per process under the sanitizers, and a
+// test that starts a job of four ranks five times pays it twenty times.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "lockstep/core/philox.h"
@@ -48,6 +50,17 @@ inline void write_dataset(const std::filesystem::path& dir, const std::string& p
 inline void write_small_fashion_mnist(const std::filesystem::path& dir) {
   write_dataset(dir, "train", 256, 1);
   write_dataset(dir, "t10k", 100, 2);
+}
+
+// `records` short records in the fortunes' format (text, then a line "%"), twelve words of a
+// ten-word vocabulary each; `lockstep train --model gpt` keeps every tenth for validation.
+inline void write_small_text(const std::filesystem::path& path, int records) {
+  std::ofstream out(path);
+  const char* words[] = {"lock", "step", "tree", "sum", "bits", "device", "batch", "the", "same", "on"};
+  for (int record = 0; record < records; ++record) {
+    for (int w = 0; w < 12; ++w) out << words[(record * 7 + w * 3) % 10] << (w % 5 == 4 ? ".\n" : " ");
+    out << "\n%\n";
+  }
 }
 
 }  // namespace lockstep::command_testing

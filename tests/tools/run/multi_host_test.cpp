@@ -106,14 +106,7 @@ TEST_F(MultiHost, TheGptMeshAcrossHostsKeepsItsBits) {
   // A text of a few hundred windows: the fortunes' validation split alone would take most
   // of the test's time to evaluate on every run.
   const fs::path text = root_ / "text.txt";
-  {
-    std::ofstream out(text);
-    const char* words[] = {"lock", "step", "tree", "sum", "bits", "device", "batch", "the", "same", "on"};
-    for (int record = 0; record < 200; ++record) {
-      for (int w = 0; w < 12; ++w) out << words[(record * 7 + w * 3) % 10] << (w % 5 == 4 ? ".\n" : " ");
-      out << "\n%\n";
-    }
-  }
+  write_small_text(text, 200);
   const std::string flags =
       "train --quiet --model gpt --preset tiny --steps 3 --batch-size 8 --micro-batch 2 "
       "--threads 1 --sample 0 --data " +

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tools/common/command_testing.h"
+#include "tools/common/small_dataset.h"
 
 namespace lockstep {
 namespace {
@@ -25,14 +26,9 @@ class TrainGpt : public ::testing::Test {
                                          ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     fs::create_directories(root_);
-    // Forty short records in the fortunes' format: enough windows of 16 bytes for a few
-    // batches of 16, and every tenth record for validation.
-    std::ofstream text(root_ / "text.txt");
-    const char* words[] = {"lock", "step", "tree", "sum", "bits", "device", "batch", "the", "same", "on"};
-    for (int record = 0; record < 40; ++record) {
-      for (int w = 0; w < 12; ++w) text << words[(record * 7 + w * 3) % 10] << (w % 5 == 4 ? ".\n" : " ");
-      text << "\n%\n";
-    }
+    // Forty records: enough windows of 16 bytes for a few batches of 16, and four for
+    // validation.
+    write_small_text(root_ / "text.txt", 40);
   }
   void TearDown() override { fs::remove_all(root_); }
 
