@@ -9,8 +9,8 @@ times in turn and the medians of its predictions and of its measured times compa
 host's speed moves by tens of percent from one second to the next, and the plan times the
 host when it is asked, so one pair alone compares two moments more than two figures. The
 text is a small generated corpus, so the dataset (8 bytes per byte of text, on cpu:0 of
-each process) is a few hundred KiB of each device's peak; a mesh's cpu:0 also holds the full model it is built from, so
-only the other devices of a mesh are compared.
+each process) is a few hundred KiB of each device's peak; a mesh's cpu:0 also holds the
+full model it is built from, so only the other devices of a mesh are compared.
 
   bench/plan_validation.py [--lockstep build/bin/lockstep] [--preset small] [--batch-size 16]
                            [--micro-batch 4] [--steps 8] [--repeats 3]

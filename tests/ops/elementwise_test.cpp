@@ -228,6 +228,7 @@ TEST(Elementwise, VectorLoopsGiveEachElementsOwnBits) {
                         {"tanh", [](const Tensor& x) { return tanh(x); }},
                         {"exp", [](const Tensor& x) { return exp(x); }}};
   const Tensor ones = Tensor::ones({n});
+  const auto same = [](float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     Tensor x = Tensor::from_vector(values, {n}).set_requires_grad(true);
@@ -239,7 +240,6 @@ TEST(Elementwise, VectorLoopsGiveEachElementsOwnBits) {
       Tensor one = Tensor::from_vector(std::vector<float>{values[static_cast<size_t>(i)]}, {1}).set_requires_grad(true);
       const Tensor alone = c.op(one);
       alone.backward(Tensor::ones({1}));
-      const auto same = [](float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
       if (!same(alone.to_vector<float>()[0], together[static_cast<size_t>(i)]) ||
           !same(one.grad().to_vector<float>()[0], gradients[static_cast<size_t>(i)])) {
         if (++differing <= 3) ADD_FAILURE() << "element " << i << " (" << values[static_cast<size_t>(i)] << ")";
